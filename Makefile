@@ -1,0 +1,40 @@
+# Set-up and everyday commands. `make train` and `make test` do the whole set-up on a fresh machine.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+# Re-install only when the dependency files change.
+STAMP := $(VENV)/.installed
+
+.PHONY: help install train test test-fast lint format clean
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml requirements.lock
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -e ".[dev]" -c requirements.lock
+	touch $(STAMP)
+
+install: $(STAMP)  ## create .venv and install the project with the pinned dependencies
+
+train: install  ## train with the default config (offline MNIST digits) and print the test metrics
+	$(PY) src/train.py
+
+test: install  ## run the whole test suite (what CI runs)
+	$(PY) -m pytest -n 2
+
+test-fast: install  ## run the tests not marked slow
+	$(PY) -m pytest -n 2 -m "not slow"
+
+lint: install  ## check style with ruff
+	$(VENV)/bin/ruff check src tests scripts
+	$(VENV)/bin/ruff format --check src tests scripts
+
+format: install  ## format the code with ruff
+	$(VENV)/bin/ruff check --fix src tests scripts
+	$(VENV)/bin/ruff format src tests scripts
+
+clean:  ## remove logs and caches (never data/)
+	rm -rf logs/* .pytest_cache .ruff_cache
+	find . -name __pycache__ -not -path "./$(VENV)/*" -exec rm -rf {} +
+	touch logs/.gitkeep

@@ -1,0 +1,98 @@
+"""The one place where a run is put together; every entry point (train, eval) builds through `build`.
+
+Order matters: extras and seeding happen before anything is instantiated, so that a bad config fails in
+a second and every object is created under the same seed; the resolved config is logged as the run's
+hyperparameters; and the distributed state is cleaned up however the run ends, so that the next job of a
+multirun starts from scratch.
+"""
+
+import logging
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import lightning as L
+from hydra.core.hydra_config import HydraConfig
+from hydra.utils import instantiate
+from lightning.fabric.utilities.rank_zero import rank_zero_only
+from omegaconf import DictConfig, OmegaConf
+
+from src.utils import hydra_ddp
+from src.utils.config import apply_extras
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Run:
+    """Everything a task needs, built from one config."""
+
+    cfg: DictConfig
+    datamodule: L.LightningDataModule
+    model: L.LightningModule
+    trainer: L.Trainer
+
+
+def instantiate_group(group: DictConfig | None, kind: str) -> list[Any]:
+    """Instantiate every entry of a config group such as `callbacks` or `logger` (a dict of configs)."""
+    objects = []
+    for name, conf in (group or {}).items():
+        if not isinstance(conf, DictConfig) or "_target_" not in conf:
+            raise ValueError(f"{kind}.{name} has no _target_; every entry of `{kind}` must be an object config")
+        log.info(f"Instantiating {kind}.{name} <{conf._target_}>")
+        objects.append(instantiate(conf))
+    return objects
+
+
+def log_hyperparameters(run: Run) -> None:
+    """Send the resolved run config, with parameter counts, to every logger (rank 0 only)."""
+    if not run.trainer.loggers:
+        return
+    hparams = OmegaConf.to_container(run.cfg, resolve=True)
+    params = list(run.model.parameters())
+    hparams["model/params/total"] = sum(p.numel() for p in params)
+    hparams["model/params/trainable"] = sum(p.numel() for p in params if p.requires_grad)
+    for logger in run.trainer.loggers:
+        logger.log_hyperparams(hparams)
+
+
+@rank_zero_only
+def _finish_wandb() -> None:
+    """End the wandb run, if any, so the next job of a multirun gets its own."""
+    if "wandb" in sys.modules and sys.modules["wandb"].run is not None:
+        sys.modules["wandb"].finish()
+
+
+@contextmanager
+def build(cfg: DictConfig) -> Iterator[Run]:
+    """Seed, instantiate data, model, callbacks, loggers and trainer from `cfg`; clean up on exit."""
+    if HydraConfig.initialized():
+        # `import lightning` attaches a console handler of its own; Hydra's logging config already prints
+        # and files every record, so drop it rather than print each Lightning message twice.
+        logging.getLogger("lightning").handlers.clear()
+    apply_extras(cfg)
+    if cfg.get("seed") is not None:  # seed 0 is a seed
+        L.seed_everything(cfg.seed, workers=True)
+    if HydraConfig.initialized():
+        hydra_ddp.install()
+    env_before = hydra_ddp.snapshot_env()
+    trainer = None
+    try:
+        log.info(f"Instantiating datamodule <{cfg.data._target_}>")
+        # Plain lists and dicts (not ListConfig): checkpoints store the datamodule's hyperparameters and
+        # must load with weights_only=True.
+        datamodule = instantiate(cfg.data, _convert_="all")
+        log.info(f"Instantiating model <{cfg.model._target_}>")
+        model = instantiate(cfg.model)
+        callbacks = instantiate_group(cfg.get("callbacks"), "callbacks")
+        loggers = instantiate_group(cfg.get("logger"), "logger")
+        log.info(f"Instantiating trainer <{cfg.trainer._target_}>")
+        trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
+        run = Run(cfg=cfg, datamodule=datamodule, model=model, trainer=trainer)
+        log_hyperparameters(run)
+        yield run
+    finally:
+        _finish_wandb()
+        hydra_ddp.cleanup(trainer, env_before)

@@ -1,0 +1,44 @@
+"""scikit-learn's 1,797 handwritten 8x8 digits: the tiniest real dataset, for quick experiments and tests."""
+
+from collections.abc import Sequence
+
+import torch
+from torch.utils.data import Dataset
+
+from src.data.in_memory_datamodule import InMemoryDataModule, normalized_dataset, seeded_split
+
+
+class DigitsDataModule(InMemoryDataModule):
+    """UCI optical digits as bundled with scikit-learn, split by `split` with a fixed `split_seed`."""
+
+    name = "digits"
+
+    def __init__(
+        self,
+        data_dir: str,
+        num_classes: int = 10,
+        input_shape: Sequence[int] = (1, 8, 8),
+        split: Sequence[int | float] = (1297, 250, 250),
+        split_seed: int = 42,
+        mean: float = 0.3,
+        std: float = 0.38,
+        batch_size: int = 64,
+        num_workers: int = 0,
+        pin_memory: bool = False,
+        persistent_workers: bool = False,
+        random_shift: int = 0,
+    ) -> None:
+        super().__init__(
+            data_dir, num_classes, input_shape, batch_size, num_workers, pin_memory, persistent_workers, random_shift
+        )
+
+    def load_datasets(self) -> tuple[Dataset, Dataset, Dataset]:
+        from sklearn.datasets import load_digits  # imported here: scikit-learn is only needed for this dataset
+
+        digits = load_digits()
+        images = torch.from_numpy(digits.images).float().unsqueeze(1) / 16.0  # pixel values are 0..16
+        labels = torch.from_numpy(digits.target)
+        self._check_labels(labels)
+        dataset = normalized_dataset(images, labels, self.hparams.mean, self.hparams.std)
+        train, val, test = seeded_split(dataset, self.hparams.split, self.hparams.split_seed, self.name)
+        return train, val, test

@@ -1,0 +1,69 @@
+"""The full MNIST (60,000 train + 10,000 test digits) through torchvision, downloaded into `data_dir`."""
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from torch.utils.data import Dataset
+
+from src.data.in_memory_datamodule import InMemoryDataModule, normalized_dataset, seeded_split
+
+IDX_FILES = (
+    "train-images-idx3-ubyte",
+    "train-labels-idx1-ubyte",
+    "t10k-images-idx3-ubyte",
+    "t10k-labels-idx1-ubyte",
+)
+
+
+class MNISTDataModule(InMemoryDataModule):
+    """torchvision's MNIST: the official test set for test; the training set split into train/val."""
+
+    name = "mnist"
+
+    def __init__(
+        self,
+        data_dir: str,
+        num_classes: int = 10,
+        input_shape: Sequence[int] = (1, 28, 28),
+        split: Sequence[int | float] = (55_000, 5_000),
+        split_seed: int = 42,
+        download: bool = True,
+        mean: float = 0.1307,
+        std: float = 0.3081,
+        batch_size: int = 64,
+        num_workers: int = 0,
+        pin_memory: bool = False,
+        persistent_workers: bool = False,
+        random_shift: int = 0,
+    ) -> None:
+        super().__init__(
+            data_dir, num_classes, input_shape, batch_size, num_workers, pin_memory, persistent_workers, random_shift
+        )
+
+    @property
+    def raw_dir(self) -> Path:
+        return Path(self.hparams.data_dir) / "MNIST" / "raw"
+
+    def _mnist(self, train: bool):  # noqa: ANN202 - torchvision is imported lazily
+        from torchvision.datasets import MNIST
+
+        try:
+            return MNIST(self.hparams.data_dir, train=train, download=self.hparams.download)
+        except RuntimeError as err:
+            raise FileNotFoundError(
+                f"MNIST is not in {self.raw_dir} and could not be downloaded ({err}). Put the four "
+                f"uncompressed IDX files {', '.join(IDX_FILES)} in {self.raw_dir}, or choose data=mnist5k"
+            ) from None
+
+    def prepare_data(self) -> None:
+        self._mnist(train=True)
+        self._mnist(train=False)
+
+    def load_datasets(self) -> tuple[Dataset, Dataset, Dataset]:
+        pool, test = self._mnist(train=True), self._mnist(train=False)
+        self._check_labels(pool.targets)
+        mean, std = self.hparams.mean, self.hparams.std
+        pool_data = normalized_dataset(pool.data.unsqueeze(1) / 255.0, pool.targets, mean, std)
+        train, val = seeded_split(pool_data, self.hparams.split, self.hparams.split_seed, self.name)
+        test_data = normalized_dataset(test.data.unsqueeze(1) / 255.0, test.targets, mean, std)
+        return train, val, test_data

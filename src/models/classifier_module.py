@@ -1,0 +1,106 @@
+"""A generic image classifier: any `net` from config, cross-entropy loss, accuracy tracked per stage."""
+
+from typing import Any
+
+import hydra
+import lightning as L
+import torch
+import torch.nn.functional as F
+from omegaconf import DictConfig, OmegaConf
+from torch import Tensor
+from torchmetrics import MaxMetric, MeanMetric
+from torchmetrics.classification import MulticlassAccuracy
+
+
+def _plain(config: Any) -> Any:
+    """A config as plain dicts and lists, so checkpoints hold only data that `weights_only=True` loads."""
+    if isinstance(config, DictConfig) or OmegaConf.is_config(config):
+        return OmegaConf.to_container(config, resolve=True)
+    return config
+
+
+class ClassifierModule(L.LightningModule):
+    """Classification LightningModule whose net, optimizer and scheduler are Hydra configs.
+
+    The module instantiates them itself and saves only their configs as hyperparameters: a checkpoint then
+    holds plain data (no pickled modules or partials), loads with `weights_only=True`, and
+    `ClassifierModule.load_from_checkpoint(path)` rebuilds the same net.
+    """
+
+    def __init__(
+        self,
+        net: dict,
+        optimizer: dict,
+        num_classes: int,
+        scheduler: dict | None = None,
+        scheduler_config: dict | None = None,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters(
+            {
+                "net": _plain(net),
+                "optimizer": _plain(optimizer),
+                "num_classes": num_classes,
+                "scheduler": _plain(scheduler),
+                "scheduler_config": _plain(scheduler_config),
+            },
+            logger=False,  # the builder logs the whole resolved run config instead
+        )
+        self.net = hydra.utils.instantiate(self.hparams.net)
+        # One metric object per stage: torchmetrics keeps their states apart and syncs them across ranks.
+        self.train_acc = MulticlassAccuracy(num_classes, average="micro")
+        self.val_acc = MulticlassAccuracy(num_classes, average="micro")
+        self.test_acc = MulticlassAccuracy(num_classes, average="micro")
+        self.train_loss, self.val_loss, self.test_loss = MeanMetric(), MeanMetric(), MeanMetric()
+        self.val_acc_best = MaxMetric()
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x)
+
+    def _shared_step(self, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+        x, y = batch
+        logits = self(x)
+        return F.cross_entropy(logits, y), logits.argmax(dim=1), y
+
+    def on_train_start(self) -> None:
+        # The sanity check ran validation steps: start the real epochs from clean states.
+        self.val_loss.reset()
+        self.val_acc.reset()
+        self.val_acc_best.reset()
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        loss, preds, targets = self._shared_step(batch)
+        self.train_loss(loss)
+        self.train_acc(preds, targets)
+        self.log("train/loss", self.train_loss, on_step=False, on_epoch=True, prog_bar=True)
+        self.log("train/acc", self.train_acc, on_step=False, on_epoch=True, prog_bar=True)
+        return loss
+
+    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        loss, preds, targets = self._shared_step(batch)
+        self.val_loss(loss)
+        self.val_acc(preds, targets)
+        self.log("val/loss", self.val_loss, on_step=False, on_epoch=True, prog_bar=True)
+        self.log("val/acc", self.val_acc, on_step=False, on_epoch=True, prog_bar=True)
+
+    def on_validation_epoch_end(self) -> None:
+        self.val_acc_best(self.val_acc.compute())  # compute() is synced across ranks
+        self.log("val/acc_best", self.val_acc_best.compute(), sync_dist=True, prog_bar=True)
+
+    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        loss, preds, targets = self._shared_step(batch)
+        self.test_loss(loss)
+        self.test_acc(preds, targets)
+        self.log("test/loss", self.test_loss, on_step=False, on_epoch=True)
+        self.log("test/acc", self.test_acc, on_step=False, on_epoch=True)
+
+    def predict_step(self, batch: Tensor | tuple[Tensor, ...], batch_idx: int) -> Tensor:
+        x = batch[0] if isinstance(batch, list | tuple) else batch
+        return torch.softmax(self(x), dim=1)
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        optimizer = hydra.utils.instantiate(self.hparams.optimizer)(params=self.trainer.model.parameters())
+        if self.hparams.scheduler is None:
+            return {"optimizer": optimizer}
+        scheduler = hydra.utils.instantiate(self.hparams.scheduler)(optimizer=optimizer)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, **(self.hparams.scheduler_config or {})}}

@@ -1,0 +1,23 @@
+"""OmegaConf resolvers used by the configs (kept free of heavy imports: `--help` loads this module)."""
+
+from pathlib import Path
+
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import OmegaConf
+
+
+def project_root() -> str:
+    """The parent of the primary config directory, as Hydra found it (independent of the working directory)."""
+    if not HydraConfig.initialized():
+        raise RuntimeError(
+            "${project_root:} needs a Hydra run: start from src/train.py, or compose with "
+            "return_hydra_config=True and HydraConfig.instance().set_config(cfg)"
+        )
+    for source in HydraConfig.get().runtime.config_sources:
+        if source.provider == "main" and source.schema == "file":
+            return str(Path(source.path).parent)
+    raise RuntimeError("${project_root:} found no primary config directory on the file system; set paths.root_dir")
+
+
+def register_resolvers() -> None:
+    OmegaConf.register_new_resolver("project_root", project_root, replace=True)
