@@ -36,11 +36,15 @@ class Run:
 
 
 def instantiate_group(group: DictConfig | None, kind: str) -> list[Any]:
-    """Instantiate every entry of a config group such as `callbacks` or `logger` (a dict of configs)."""
+    """Instantiate every entry of a config group such as `callbacks` or `logger`; null entries are skipped."""
     objects = []
     for name, conf in (group or {}).items():
+        if conf is None:  # `callbacks.early_stopping=null` removes a callback
+            continue
         if not isinstance(conf, DictConfig) or "_target_" not in conf:
-            raise ValueError(f"{kind}.{name} has no _target_; every entry of `{kind}` must be an object config")
+            raise ValueError(
+                f"{kind}.{name} has no _target_; every entry of `{kind}` must be an object config"
+            )
         log.info(f"Instantiating {kind}.{name} <{conf._target_}>")
         objects.append(instantiate(conf))
     return objects

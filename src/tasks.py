@@ -21,7 +21,9 @@ def train(cfg: DictConfig) -> dict[str, float]:
     with build(cfg) as run:
         if cfg.get("train"):
             log.info("Starting training")
-            run.trainer.fit(run.model, datamodule=run.datamodule, ckpt_path=cfg.get("ckpt_path"), weights_only=True)
+            run.trainer.fit(
+                run.model, datamodule=run.datamodule, ckpt_path=cfg.get("ckpt_path"), weights_only=True
+            )
         metrics = _as_floats(run.trainer.callback_metrics)
         if cfg.get("test"):
             ckpt_path = _best_checkpoint(run.trainer) if cfg.get("train") else cfg.get("ckpt_path")
@@ -51,7 +53,9 @@ def optimized_metric(cfg: DictConfig, metrics: dict[str, float]) -> float | None
     if name is None:
         return None
     if name not in metrics:
-        message = f"optimized_metric={name} was not logged; logged metrics: {', '.join(sorted(metrics)) or 'none'}"
+        message = (
+            f"optimized_metric={name} was not logged; logged metrics: {', '.join(sorted(metrics)) or 'none'}"
+        )
         if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
             raise ValueError(message)
         log.warning(message)
@@ -59,12 +63,14 @@ def optimized_metric(cfg: DictConfig, metrics: dict[str, float]) -> float | None
     return metrics[name]
 
 
-def _best_checkpoint(trainer) -> str | None:  # noqa: ANN001 - a Trainer
+def _best_checkpoint(trainer) -> str | None:
     """Path of the best checkpoint saved during fit, or None (test the current weights) when there is none."""
     callback = trainer.checkpoint_callback
     best = getattr(callback, "best_model_path", "") if callback is not None else ""
     if not best:
-        log.warning("No best checkpoint was saved (fast_dev_run or no ModelCheckpoint): testing the current weights")
+        log.warning(
+            "No best checkpoint was saved (fast_dev_run or no ModelCheckpoint): testing the current weights"
+        )
         return None
     return best
 

@@ -29,11 +29,20 @@ class DigitsDataModule(InMemoryDataModule):
         random_shift: int = 0,
     ) -> None:
         super().__init__(
-            data_dir, num_classes, input_shape, batch_size, num_workers, pin_memory, persistent_workers, random_shift
+            data_dir,
+            num_classes,
+            input_shape,
+            batch_size,
+            num_workers,
+            pin_memory,
+            persistent_workers,
+            random_shift,
         )
 
     def load_datasets(self) -> tuple[Dataset, Dataset, Dataset]:
-        from sklearn.datasets import load_digits  # imported here: scikit-learn is only needed for this dataset
+        from sklearn.datasets import (
+            load_digits,  # imported here: scikit-learn is only needed for this dataset
+        )
 
         digits = load_digits()
         images = torch.from_numpy(digits.images).float().unsqueeze(1) / 16.0  # pixel values are 0..16

@@ -63,7 +63,14 @@ class MNIST5kDataModule(InMemoryDataModule):
         random_shift: int = 0,
     ) -> None:
         super().__init__(
-            data_dir, num_classes, input_shape, batch_size, num_workers, pin_memory, persistent_workers, random_shift
+            data_dir,
+            num_classes,
+            input_shape,
+            batch_size,
+            num_workers,
+            pin_memory,
+            persistent_workers,
+            random_shift,
         )
         self.cache_file = Path(data_dir) / "mnist5k" / "mnist_5k.npz"
 

@@ -37,14 +37,21 @@ class MNISTDataModule(InMemoryDataModule):
         random_shift: int = 0,
     ) -> None:
         super().__init__(
-            data_dir, num_classes, input_shape, batch_size, num_workers, pin_memory, persistent_workers, random_shift
+            data_dir,
+            num_classes,
+            input_shape,
+            batch_size,
+            num_workers,
+            pin_memory,
+            persistent_workers,
+            random_shift,
         )
 
     @property
     def raw_dir(self) -> Path:
         return Path(self.hparams.data_dir) / "MNIST" / "raw"
 
-    def _mnist(self, train: bool):  # noqa: ANN202 - torchvision is imported lazily
+    def _mnist(self, train: bool):
         from torchvision.datasets import MNIST
 
         try:

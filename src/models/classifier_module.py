@@ -103,4 +103,7 @@ class ClassifierModule(L.LightningModule):
         if self.hparams.scheduler is None:
             return {"optimizer": optimizer}
         scheduler = hydra.utils.instantiate(self.hparams.scheduler)(optimizer=optimizer)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, **(self.hparams.scheduler_config or {})}}
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": scheduler, **(self.hparams.scheduler_config or {})},
+        }

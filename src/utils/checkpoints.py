@@ -10,7 +10,9 @@ def check_checkpoint(path: str | None, key: str = "ckpt_path") -> Path:
         raise ValueError(f"{key} is required: {key}=logs/train/runs/<run>/checkpoints/best.ckpt")
     file = Path(path).expanduser()
     if not file.exists():
-        raise FileNotFoundError(f"{key}={path} does not exist; runs keep theirs in logs/train/runs/<run>/checkpoints/")
+        raise FileNotFoundError(
+            f"{key}={path} does not exist; runs keep theirs in logs/train/runs/<run>/checkpoints/"
+        )
     if not file.is_file():
         raise IsADirectoryError(f"{key}={path} is a directory; give a .ckpt file inside it")
     try:
@@ -19,5 +21,7 @@ def check_checkpoint(path: str | None, key: str = "ckpt_path") -> Path:
     except OSError as err:
         raise PermissionError(f"{key}={path} cannot be read: {err.strerror}") from None
     if not zipfile.is_zipfile(file):
-        raise ValueError(f"{key}={path} is not a checkpoint (torch.save writes a zip archive; this file is not one)")
+        raise ValueError(
+            f"{key}={path} is not a checkpoint (torch.save writes a zip archive; this file is not one)"
+        )
     return file

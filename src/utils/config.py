@@ -19,7 +19,9 @@ def apply_extras(cfg: DictConfig) -> None:
     if extras.get("ignore_warnings"):
         warnings.filterwarnings("ignore")
     if extras.get("enforce_tags") and not cfg.get("tags"):
-        raise ValueError("tags is empty; label the run, e.g. tags=[baseline], or set extras.enforce_tags=false")
+        raise ValueError(
+            "tags is empty; label the run, e.g. tags=[baseline], or set extras.enforce_tags=false"
+        )
     if extras.get("print_config"):
         print_config_tree(cfg, save_to=Path(cfg.paths.output_dir) / "config_tree.txt")
 

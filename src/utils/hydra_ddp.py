@@ -104,7 +104,9 @@ def cleanup(trainer: Trainer | None, env_before: dict[str, str | None], timeout:
             worker.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             worker.kill()
-            raise RuntimeError(f"DDP worker process {worker.pid} did not exit within {timeout:.0f} s") from None
+            raise RuntimeError(
+                f"DDP worker process {worker.pid} did not exit within {timeout:.0f} s"
+            ) from None
     for name, value in env_before.items():
         if value is None:
             os.environ.pop(name, None)

@@ -3,20 +3,27 @@
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 
-def project_root() -> str:
+def project_root(*, _root_: DictConfig) -> str:
     """The parent of the primary config directory, as Hydra found it (independent of the working directory)."""
-    if not HydraConfig.initialized():
+    # While Hydra sets up a run or sweep the config still holds its `hydra` node; in the job it is in HydraConfig.
+    if "hydra" in _root_:
+        sources = _root_.hydra.runtime.config_sources
+    elif HydraConfig.initialized():
+        sources = HydraConfig.get().runtime.config_sources
+    else:
         raise RuntimeError(
             "${project_root:} needs a Hydra run: start from src/train.py, or compose with "
-            "return_hydra_config=True and HydraConfig.instance().set_config(cfg)"
+            "return_hydra_config=True, or set paths.root_dir"
         )
-    for source in HydraConfig.get().runtime.config_sources:
+    for source in sources:
         if source.provider == "main" and source.schema == "file":
             return str(Path(source.path).parent)
-    raise RuntimeError("${project_root:} found no primary config directory on the file system; set paths.root_dir")
+    raise RuntimeError(
+        "${project_root:} found no primary config directory on the file system; set paths.root_dir"
+    )
 
 
 def register_resolvers() -> None:

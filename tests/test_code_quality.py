@@ -1,0 +1,17 @@
+"""The template's own code passes the linter it ships with (ruff, configured in pyproject.toml)."""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.skipif(shutil.which("ruff", path=str(Path(sys.executable).parent)) is None, reason="ruff not installed")
+def test_ruff_is_clean():
+    ruff = shutil.which("ruff", path=str(Path(sys.executable).parent))
+    result = subprocess.run([ruff, "check", "src", "tests"], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout

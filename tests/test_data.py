@@ -1,0 +1,91 @@
+"""The datamodules: fixed splits, batch size split across devices, and clear errors for bad input."""
+
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from src.data.digits_datamodule import DigitsDataModule
+from src.data.in_memory_datamodule import split_batch_size
+from src.data.mnist5k_datamodule import MNIST5kDataModule
+from src.data.mnist_datamodule import MNISTDataModule
+
+
+def test_mnist5k_has_a_fixed_4000_500_500_split_of_real_digits(data_dir: Path):
+    first, second = MNIST5kDataModule(str(data_dir)), MNIST5kDataModule(str(data_dir))
+    for dm in (first, second):
+        dm.prepare_data()
+        dm.setup()
+    assert (len(first.data_train), len(first.data_val), len(first.data_test)) == (4000, 500, 500)
+    assert first.data_test.indices == second.data_test.indices  # same split on every run
+    assert (data_dir / "mnist5k" / "mnist_5k.npz").exists()  # parsed once, then cached
+    images, _ = next(iter(first.train_dataloader()))
+    assert images.shape == (64, 1, 28, 28) and images.dtype == torch.float32
+    assert set(torch.cat([y for _, y in first.test_dataloader()]).tolist()) == set(range(10))
+
+
+def test_digits_datamodule_gives_8x8_images(data_dir: Path):
+    dm = DigitsDataModule(str(data_dir), batch_size=32)
+    dm.setup()
+    assert len(dm.data_train) + len(dm.data_val) + len(dm.data_test) == 1797
+    assert next(iter(dm.val_dataloader()))[0].shape == (32, 1, 8, 8)
+
+
+def test_global_batch_size_is_split_across_devices():
+    assert split_batch_size(64, 2) == 32
+    with pytest.raises(
+        ValueError, match=r"data.batch_size=100 is not divisible by 3 devices; choose a multiple of 3"
+    ):
+        split_batch_size(100, 3)
+    with pytest.raises(ValueError, match=r"data.batch_size=0 must be a positive integer"):
+        split_batch_size(0, 1)
+
+
+def test_a_split_that_does_not_fit_the_dataset_is_refused(data_dir: Path):
+    dm = DigitsDataModule(str(data_dir), split=[1000, 100, 100])
+    with pytest.raises(
+        ValueError, match=r"data.split=\[1000, 100, 100\] does not fit digits, which has 1797"
+    ):
+        dm.setup()
+
+
+def test_wrong_input_shape_is_refused(data_dir: Path):
+    dm = DigitsDataModule(str(data_dir), input_shape=[1, 28, 28])
+    with pytest.raises(
+        ValueError, match=r"data.input_shape=\[1, 28, 28\] but digits images have shape \[1, 8, 8\]"
+    ):
+        dm.setup()
+
+
+def write_idx(raw: Path, prefix: str, images: np.ndarray, labels: np.ndarray) -> None:
+    """Write MNIST's IDX format: big-endian magic, sizes, then uint8 data."""
+    n, rows, cols = images.shape
+    (raw / f"{prefix}-images-idx3-ubyte").write_bytes(
+        struct.pack(">IIII", 2051, n, rows, cols) + images.tobytes()
+    )
+    (raw / f"{prefix}-labels-idx1-ubyte").write_bytes(struct.pack(">II", 2049, n) + labels.tobytes())
+
+
+def test_mnist_reads_the_four_idx_files(tmp_path: Path):
+    raw = tmp_path / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    write_idx(
+        raw, "train", rng.integers(0, 256, (60, 28, 28), dtype=np.uint8), np.arange(60, dtype=np.uint8) % 10
+    )
+    write_idx(
+        raw, "t10k", rng.integers(0, 256, (20, 28, 28), dtype=np.uint8), np.arange(20, dtype=np.uint8) % 10
+    )
+    dm = MNISTDataModule(str(tmp_path), split=[50, 10], download=False, batch_size=10)
+    dm.prepare_data()
+    dm.setup()
+    assert (len(dm.data_train), len(dm.data_val), len(dm.data_test)) == (50, 10, 20)
+    assert next(iter(dm.test_dataloader()))[1].tolist() == list(range(10))
+
+
+def test_missing_mnist_names_where_to_put_the_files(tmp_path: Path):
+    dm = MNISTDataModule(str(tmp_path), download=False)
+    with pytest.raises(FileNotFoundError, match=r"MNIST is not in .*MNIST/raw.*train-images-idx3-ubyte"):
+        dm.prepare_data()

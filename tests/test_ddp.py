@@ -1,0 +1,69 @@
+"""DDP under Hydra: 2 CPU processes (gloo), one run directory per job, and no rank re-running the sweep."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import last_metrics, only_run_dir, run_cli
+
+TINY = ["data=digits", "model=mlp", "trainer.max_epochs=2"]
+
+
+def assert_single_run_dir(run_dir: Path, log_name: str = "train.log") -> None:
+    """One config snapshot, one log file, one checkpoints folder, and nothing from the worker rank."""
+    assert sorted(p.name for p in run_dir.glob("**/*.log")) == [log_name]
+    assert len(list(run_dir.glob("**/.hydra"))) == 1
+    assert len(list(run_dir.glob("**/checkpoints"))) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "trainer", [["trainer=ddp_sim"], ["trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2"]]
+)
+def test_ddp_run_writes_one_run_dir_and_syncs_metrics(tmp_path: Path, data_dir: Path, trainer: list[str]):
+    result = run_cli("train", *trainer, *TINY, log_dir=tmp_path, data_dir=data_dir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    output = result.stdout + result.stderr
+    assert "[rank: 1] Seed set to 42" in output  # the worker process really ran
+    run_dir = only_run_dir(tmp_path)
+    assert_single_run_dir(run_dir)
+    assert not (tmp_path / "train" / "multiruns").exists()
+
+    # Synced metrics: the 2-process test accuracy (each rank saw half the test set) equals a
+    # single-process evaluation of the same checkpoint on the whole test set.
+    ddp_acc = last_metrics(run_dir)["test/acc"]
+    ckpt = run_dir / "checkpoints" / "best.ckpt"
+    evaluated = run_cli(
+        "eval", "data=digits", "model=mlp", f"ckpt_path={ckpt}", log_dir=tmp_path, data_dir=data_dir
+    )
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    assert last_metrics(only_run_dir(tmp_path, "eval"))["test/acc"] == pytest.approx(ddp_acc)
+
+
+@pytest.mark.slow
+def test_multirun_of_ddp_jobs_runs_each_job_once_with_its_own_workers(tmp_path: Path, data_dir: Path):
+    result = run_cli(
+        "train",
+        "-m",
+        "trainer=ddp_sim",
+        *TINY,
+        "model.optimizer.lr=0.01,0.02",
+        log_dir=tmp_path,
+        data_dir=data_dir,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    output = result.stdout + result.stderr
+    assert output.count("Launching 2 jobs locally") == 1  # no worker re-ran the sweep
+    assert output.count("[rank: 1] Seed set to 42") == 2  # every job started its own worker
+
+    sweeps = list((tmp_path / "train" / "multiruns").iterdir())
+    assert len(sweeps) == 1, sweeps
+    assert not (tmp_path / "train" / "runs").exists()
+    jobs = sorted(p for p in sweeps[0].iterdir() if p.is_dir())
+    assert [p.name for p in jobs] == ["0", "1"]
+    for job, lr in zip(jobs, (0.01, 0.02), strict=True):
+        assert_single_run_dir(job)
+        hparams = yaml.safe_load((job / "csv" / "version_0" / "hparams.yaml").read_text())
+        assert hparams["model"]["optimizer"]["lr"] == lr
+        assert last_metrics(job)["lr-Adam"] == pytest.approx(lr)  # what the optimizer really used

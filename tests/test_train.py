@@ -1,0 +1,96 @@
+"""End to end through the real command line, as the README tells users to run it."""
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import last_metrics, only_run_dir, run_cli
+
+DIGITS_MLP = ["data=digits", "model=mlp"]
+
+
+def test_fast_dev_run_trains_validates_and_tests(tmp_path: Path, data_dir: Path):
+    result = run_cli("train", "debug=fdr", log_dir=tmp_path, data_dir=data_dir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run_dir = only_run_dir(tmp_path, "debug")
+    assert (run_dir / ".hydra" / "config.yaml").exists()
+    # fast_dev_run turns the loggers off; the run's log file still has the final metrics.
+    final = re.search(r"Final metrics: (.*)", (run_dir / "debug.log").read_text()).group(1)
+    assert {"test/acc", "val/acc", "train/loss"} <= {item.split("=")[0] for item in final.split(", ")}
+
+
+def test_runs_from_any_working_directory_with_seed_zero(tmp_path: Path, data_dir: Path):
+    result = run_cli(
+        "train", "debug=fdr", *DIGITS_MLP, "seed=0", log_dir=tmp_path, data_dir=data_dir, cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Seed set to 0" in result.stdout + result.stderr
+    assert not (tmp_path / "outputs").exists()  # Hydra's own default dir is not used
+
+
+@pytest.mark.slow
+def test_train_then_eval_gives_the_same_test_accuracy(tmp_path: Path, data_dir: Path):
+    train = run_cli("train", *DIGITS_MLP, "trainer.max_epochs=3", log_dir=tmp_path, data_dir=data_dir)
+    assert train.returncode == 0, train.stderr[-3000:]
+    run_dir = only_run_dir(tmp_path)
+    best = run_dir / "checkpoints" / "best.ckpt"
+    assert best.exists() and (run_dir / "checkpoints" / "last.ckpt").exists()
+    trained = last_metrics(run_dir)
+    assert trained["test/acc"] > 0.8  # 3 epochs of the MLP on digits
+    checkpoint = torch.load(best, weights_only=True)  # plain data only: safe to load
+    assert checkpoint["hyper_parameters"]["net"]["_target_"] == "src.models.components.mlp.MLP"
+
+    evaluated = run_cli("eval", *DIGITS_MLP, f"ckpt_path={best}", log_dir=tmp_path, data_dir=data_dir)
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    assert last_metrics(only_run_dir(tmp_path, "eval"))["test/acc"] == pytest.approx(trained["test/acc"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset", ["default", "limit", "overfit", "profiler"])
+def test_debug_presets_run(tmp_path: Path, data_dir: Path, preset: str):
+    result = run_cli("train", f"debug={preset}", *DIGITS_MLP, log_dir=tmp_path, data_dir=data_dir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    metrics = last_metrics(only_run_dir(tmp_path, "debug"))
+    if preset == "overfit":
+        assert metrics["train/acc"] > 0.95  # the model can memorise 3 batches
+
+
+@pytest.mark.slow
+def test_example_experiment_trains_well(tmp_path: Path, data_dir: Path):
+    result = run_cli("train", "experiment=digits_mlp", log_dir=tmp_path, data_dir=data_dir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert last_metrics(only_run_dir(tmp_path))["test/acc"] > 0.93
+
+
+def test_unknown_config_option_lists_the_valid_ones(tmp_path: Path, data_dir: Path):
+    result = run_cli("train", "model=resnet", log_dir=tmp_path, data_dir=data_dir)
+    assert result.returncode != 0
+    assert "Could not find 'model/resnet'" in result.stderr
+    assert re.search(r"Available options in 'model':\s+cnn\s+mlp", result.stderr)
+
+
+def test_batch_size_that_does_not_split_across_devices_is_refused(tmp_path: Path, data_dir: Path):
+    result = run_cli(
+        "train", "trainer=ddp_sim", "data.batch_size=33", *DIGITS_MLP, log_dir=tmp_path, data_dir=data_dir
+    )
+    assert result.returncode != 0
+    assert "data.batch_size=33 is not divisible by 2 devices; choose a multiple of 2" in result.stderr
+
+
+def test_eval_without_checkpoint_says_how_to_give_one(tmp_path: Path, data_dir: Path):
+    result = run_cli("eval", log_dir=tmp_path, data_dir=data_dir)
+    assert result.returncode != 0
+    assert "eval needs a checkpoint: ckpt_path=" in result.stderr
+
+
+@pytest.mark.parametrize("kind", ["missing", "not_a_checkpoint"])
+def test_eval_with_a_bad_checkpoint_path_fails_clearly(tmp_path: Path, data_dir: Path, kind: str):
+    path = tmp_path / "model.ckpt"
+    if kind == "not_a_checkpoint":
+        path.write_text("not a checkpoint")
+    result = run_cli("eval", f"ckpt_path={path}", log_dir=tmp_path, data_dir=data_dir)
+    assert result.returncode != 0
+    expected = "does not exist" if kind == "missing" else "is not a checkpoint"
+    assert f"ckpt_path={path} {expected}" in result.stderr
