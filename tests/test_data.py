@@ -14,7 +14,7 @@ from src.data.mnist_datamodule import MNISTDataModule
 
 
 def test_mnist5k_has_a_fixed_4000_500_500_split_of_real_digits(data_dir: Path):
-    first, second = MNIST5kDataModule(str(data_dir)), MNIST5kDataModule(str(data_dir))
+    first, second = (MNIST5kDataModule(str(data_dir), 10, [1, 28, 28], [4000, 500, 500]) for _ in range(2))
     for dm in (first, second):
         dm.prepare_data()
         dm.setup()
@@ -27,7 +27,7 @@ def test_mnist5k_has_a_fixed_4000_500_500_split_of_real_digits(data_dir: Path):
 
 
 def test_digits_datamodule_gives_8x8_images(data_dir: Path):
-    dm = DigitsDataModule(str(data_dir), batch_size=32)
+    dm = DigitsDataModule(str(data_dir), 10, [1, 8, 8], [1297, 250, 250], batch_size=32)
     dm.setup()
     assert len(dm.data_train) + len(dm.data_val) + len(dm.data_test) == 1797
     assert next(iter(dm.val_dataloader()))[0].shape == (32, 1, 8, 8)
@@ -44,7 +44,7 @@ def test_global_batch_size_is_split_across_devices():
 
 
 def test_a_split_that_does_not_fit_the_dataset_is_refused(data_dir: Path):
-    dm = DigitsDataModule(str(data_dir), split=[1000, 100, 100])
+    dm = DigitsDataModule(str(data_dir), 10, [1, 8, 8], split=[1000, 100, 100])
     with pytest.raises(
         ValueError, match=r"data.split=\[1000, 100, 100\] does not fit digits, which has 1797"
     ):
@@ -52,7 +52,7 @@ def test_a_split_that_does_not_fit_the_dataset_is_refused(data_dir: Path):
 
 
 def test_wrong_input_shape_is_refused(data_dir: Path):
-    dm = DigitsDataModule(str(data_dir), input_shape=[1, 28, 28])
+    dm = DigitsDataModule(str(data_dir), 10, [1, 28, 28], [1297, 250, 250])
     with pytest.raises(
         ValueError, match=r"data.input_shape=\[1, 28, 28\] but digits images have shape \[1, 8, 8\]"
     ):
@@ -78,7 +78,14 @@ def test_mnist_reads_the_four_idx_files(tmp_path: Path):
     write_idx(
         raw, "t10k", rng.integers(0, 256, (20, 28, 28), dtype=np.uint8), np.arange(20, dtype=np.uint8) % 10
     )
-    dm = MNISTDataModule(str(tmp_path), split=[50, 10], download=False, batch_size=10)
+    dm = MNISTDataModule(
+        data_dir=str(tmp_path),
+        num_classes=10,
+        input_shape=[1, 28, 28],
+        split=[50, 10],
+        download=False,
+        batch_size=10,
+    )
     dm.prepare_data()
     dm.setup()
     assert (len(dm.data_train), len(dm.data_val), len(dm.data_test)) == (50, 10, 20)
@@ -86,6 +93,8 @@ def test_mnist_reads_the_four_idx_files(tmp_path: Path):
 
 
 def test_missing_mnist_names_where_to_put_the_files(tmp_path: Path):
-    dm = MNISTDataModule(str(tmp_path), download=False)
+    dm = MNISTDataModule(
+        data_dir=str(tmp_path), num_classes=10, input_shape=[1, 28, 28], split=[50, 10], download=False
+    )
     with pytest.raises(FileNotFoundError, match=r"MNIST is not in .*MNIST/raw.*train-images-idx3-ubyte"):
         dm.prepare_data()

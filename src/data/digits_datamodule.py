@@ -1,7 +1,5 @@
 """scikit-learn's 1,797 handwritten 8x8 digits: the tiniest real dataset, for quick experiments and tests."""
 
-from collections.abc import Sequence
-
 import torch
 from torch.utils.data import Dataset
 
@@ -12,32 +10,6 @@ class DigitsDataModule(InMemoryDataModule):
     """UCI optical digits as bundled with scikit-learn, split by `split` with a fixed `split_seed`."""
 
     name = "digits"
-
-    def __init__(
-        self,
-        data_dir: str,
-        num_classes: int = 10,
-        input_shape: Sequence[int] = (1, 8, 8),
-        split: Sequence[int | float] = (1297, 250, 250),
-        split_seed: int = 42,
-        mean: float = 0.3,
-        std: float = 0.38,
-        batch_size: int = 64,
-        num_workers: int = 0,
-        pin_memory: bool = False,
-        persistent_workers: bool = False,
-        random_shift: int = 0,
-    ) -> None:
-        super().__init__(
-            data_dir,
-            num_classes,
-            input_shape,
-            batch_size,
-            num_workers,
-            pin_memory,
-            persistent_workers,
-            random_shift,
-        )
 
     def load_datasets(self) -> tuple[Dataset, Dataset, Dataset]:
         from sklearn.datasets import (

@@ -35,6 +35,8 @@ def seeded_split(dataset: Dataset, lengths: Sequence[int | float], seed: int, na
 class InMemoryDataModule(L.LightningDataModule):
     """Base LightningDataModule over image tensors: subclasses implement `load_datasets`.
 
+    Every argument is documented in configs/data/mnist5k.yaml. `split` gives the sizes (or fractions) of the
+    splits that `load_datasets` draws with `split_seed`; `mean`/`std` standardise pixels scaled to [0, 1].
     `batch_size` is the global batch size; each of the `world_size` processes loads `batch_size / world_size`.
     """
 
@@ -45,6 +47,10 @@ class InMemoryDataModule(L.LightningDataModule):
         data_dir: str,
         num_classes: int,
         input_shape: Sequence[int],
+        split: Sequence[int | float],
+        split_seed: int = 42,
+        mean: float = 0.0,
+        std: float = 1.0,
         batch_size: int = 64,
         num_workers: int = 0,
         pin_memory: bool = False,

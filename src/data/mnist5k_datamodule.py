@@ -6,7 +6,6 @@ It needs no download, so `make train` works offline. The CSV is parsed once and 
 import importlib.util
 import logging
 import os
-from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -47,32 +46,9 @@ class MNIST5kDataModule(InMemoryDataModule):
 
     name = "mnist5k"
 
-    def __init__(
-        self,
-        data_dir: str,
-        num_classes: int = 10,
-        input_shape: Sequence[int] = (1, 28, 28),
-        split: Sequence[int | float] = (4000, 500, 500),
-        split_seed: int = 42,
-        mean: float = 0.1307,
-        std: float = 0.3081,
-        batch_size: int = 64,
-        num_workers: int = 0,
-        pin_memory: bool = False,
-        persistent_workers: bool = False,
-        random_shift: int = 0,
-    ) -> None:
-        super().__init__(
-            data_dir,
-            num_classes,
-            input_shape,
-            batch_size,
-            num_workers,
-            pin_memory,
-            persistent_workers,
-            random_shift,
-        )
-        self.cache_file = Path(data_dir) / "mnist5k" / "mnist_5k.npz"
+    @property
+    def cache_file(self) -> Path:
+        return Path(self.hparams.data_dir) / "mnist5k" / "mnist_5k.npz"
 
     def prepare_data(self) -> None:
         load_mnist5k(self.cache_file)

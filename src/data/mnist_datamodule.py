@@ -1,7 +1,7 @@
 """The full MNIST (60,000 train + 10,000 test digits) through torchvision, downloaded into `data_dir`."""
 
-from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from torch.utils.data import Dataset
 
@@ -20,32 +20,10 @@ class MNISTDataModule(InMemoryDataModule):
 
     name = "mnist"
 
-    def __init__(
-        self,
-        data_dir: str,
-        num_classes: int = 10,
-        input_shape: Sequence[int] = (1, 28, 28),
-        split: Sequence[int | float] = (55_000, 5_000),
-        split_seed: int = 42,
-        download: bool = True,
-        mean: float = 0.1307,
-        std: float = 0.3081,
-        batch_size: int = 64,
-        num_workers: int = 0,
-        pin_memory: bool = False,
-        persistent_workers: bool = False,
-        random_shift: int = 0,
-    ) -> None:
-        super().__init__(
-            data_dir,
-            num_classes,
-            input_shape,
-            batch_size,
-            num_workers,
-            pin_memory,
-            persistent_workers,
-            random_shift,
-        )
+    def __init__(self, download: bool = True, **kwargs: Any) -> None:
+        """`download`: fetch the files when missing; the other arguments are those of InMemoryDataModule."""
+        super().__init__(**kwargs)
+        self.download = download
 
     @property
     def raw_dir(self) -> Path:
@@ -55,7 +33,7 @@ class MNISTDataModule(InMemoryDataModule):
         from torchvision.datasets import MNIST
 
         try:
-            return MNIST(self.hparams.data_dir, train=train, download=self.hparams.download)
+            return MNIST(self.hparams.data_dir, train=train, download=self.download)
         except RuntimeError as err:
             raise FileNotFoundError(
                 f"MNIST is not in {self.raw_dir} and could not be downloaded ({err}). Put the four "
