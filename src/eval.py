@@ -1,12 +1,17 @@
 """Evaluate a checkpoint: `python src/eval.py ckpt_path=<file.ckpt> [overrides]` (see configs/eval.yaml)."""
 
+from pathlib import Path
+
 import hydra
 from omegaconf import DictConfig
 
 import src  # noqa: F401 - registers the config resolvers
 
+# An absolute path: the same configs whether started as `python src/eval.py` or as the `eval` command.
+CONFIG_DIR = str(Path(__file__).resolve().parents[1] / "configs")
 
-@hydra.main(version_base="1.3", config_path="../configs", config_name="eval")
+
+@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="eval")
 def main(cfg: DictConfig) -> None:
     # Imported here, so that `--help` and `--cfg job` answer without loading torch and Lightning.
     from src.tasks import evaluate

@@ -1,6 +1,8 @@
 """End to end through the real command line, as the README tells users to run it."""
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -94,3 +96,28 @@ def test_eval_with_a_bad_checkpoint_path_fails_clearly(tmp_path: Path, data_dir:
     assert result.returncode != 0
     expected = "does not exist" if kind == "missing" else "is not a checkpoint"
     assert f"ckpt_path={path} {expected}" in result.stderr
+
+
+@pytest.mark.slow
+def test_wandb_offline_needs_no_login_or_network(tmp_path: Path, data_dir: Path):
+    overrides = ["debug=limit", *DIGITS_MLP, "logger=wandb", "logger.wandb.offline=true"]
+    result = run_cli("train", *overrides, log_dir=tmp_path, data_dir=data_dir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    runs = list((only_run_dir(tmp_path, "debug") / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(runs) == 1  # one offline run, ready for `wandb sync`
+
+
+def test_help_answers_without_training(tmp_path: Path, data_dir: Path):
+    result = run_cli("train", "--help", log_dir=tmp_path, data_dir=data_dir)
+    assert result.returncode == 0 and "== Config ==" in result.stdout
+    assert not (tmp_path / "train").exists()
+
+
+@pytest.mark.parametrize("command", ["train", "eval"])
+def test_console_scripts_find_the_configs_from_any_directory(tmp_path: Path, command: str):
+    script = Path(sys.executable).parent / command
+    result = subprocess.run(
+        [script, "--cfg", "job"], cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert f"task_name: {command}" in result.stdout
