@@ -8,12 +8,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+RUFF = shutil.which("ruff", path=str(Path(sys.executable).parent))  # the venv's ruff, from the dev extra
 
 
-@pytest.mark.skipif(
-    shutil.which("ruff", path=str(Path(sys.executable).parent)) is None, reason="ruff not installed"
-)
+@pytest.mark.skipif(RUFF is None, reason="ruff not installed")
 def test_ruff_is_clean():
-    ruff = shutil.which("ruff", path=str(Path(sys.executable).parent))
-    result = subprocess.run([ruff, "check", "src", "tests"], cwd=ROOT, capture_output=True, text=True)
+    result = subprocess.run([RUFF, "check", "src", "tests"], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout

@@ -12,9 +12,8 @@ class DigitsDataModule(InMemoryDataModule):
     name = "digits"
 
     def load_datasets(self) -> tuple[Dataset, Dataset, Dataset]:
-        from sklearn.datasets import (
-            load_digits,  # imported here: scikit-learn is only needed for this dataset
-        )
+        # Imported here: scikit-learn is only needed for this dataset.
+        from sklearn.datasets import load_digits
 
         digits = load_digits()
         images = torch.from_numpy(digits.images).float().unsqueeze(1) / 16.0  # pixel values are 0..16

@@ -1,6 +1,5 @@
 """The checks and printing that `extras` runs before anything is instantiated."""
 
-import logging
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -9,8 +8,6 @@ import rich.syntax
 import rich.tree
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
-
-log = logging.getLogger(__name__)
 
 
 def apply_extras(cfg: DictConfig) -> None:
