@@ -49,6 +49,14 @@ def test_optimizer_and_scheduler_options_compose(compose_cfg, part):
     for option in options(f"model/{part}"):
         cfg = compose_cfg("train", [f"model/{part}={option}"])
         assert cfg.model[part]._partial_ is True
+        optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+        if part == "optimizer":
+            assert isinstance(
+                instantiate(cfg.model.optimizer)(params=optimizer.param_groups[0]["params"]),
+                torch.optim.Optimizer,
+            )
+        else:
+            assert hasattr(instantiate(cfg.model.scheduler)(optimizer=optimizer), "step")
 
 
 @pytest.mark.parametrize("option", options("callbacks"))
@@ -96,3 +104,15 @@ def test_experiments_compose(compose_cfg, experiment):
     cfg = compose_cfg("train", [f"experiment={experiment}"])
     OmegaConf.resolve(cfg)
     assert cfg.tags
+
+
+def test_a_group_entry_without_target_is_refused():
+    with pytest.raises(ValueError, match=r"callbacks.oops has no _target_"):
+        instantiate_group(OmegaConf.create({"oops": {"monitor": "val/acc"}}), "callbacks")
+
+
+def test_empty_tags_are_refused_when_enforced(compose_cfg):
+    from src.utils.config import apply_extras
+
+    with pytest.raises(ValueError, match=r"tags is empty; label the run, e.g. tags=\[baseline\]"):
+        apply_extras(compose_cfg("train", ["tags=[]"]))

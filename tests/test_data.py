@@ -98,3 +98,9 @@ def test_missing_mnist_names_where_to_put_the_files(tmp_path: Path):
     )
     with pytest.raises(FileNotFoundError, match=r"MNIST is not in .*MNIST/raw.*train-images-idx3-ubyte"):
         dm.prepare_data()
+
+
+def test_wrong_num_classes_is_refused(data_dir: Path):
+    dm = DigitsDataModule(str(data_dir), 5, [1, 8, 8], [1297, 250, 250])
+    with pytest.raises(ValueError, match=r"data.num_classes=5 but digits has 10 classes"):
+        dm.setup()

@@ -121,3 +121,10 @@ def test_console_scripts_find_the_configs_from_any_directory(tmp_path: Path, com
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert f"task_name: {command}" in result.stdout
+
+
+def test_checkpoint_path_that_is_a_directory_is_refused(tmp_path: Path):
+    from src.utils.checkpoints import check_checkpoint
+
+    with pytest.raises(IsADirectoryError, match=rf"ckpt_path={tmp_path} is a directory"):
+        check_checkpoint(str(tmp_path))
