@@ -1,9 +1,9 @@
 """The one place where a run is put together; every entry point (train, eval) builds through `build`.
 
-Order matters: extras and seeding happen before anything is instantiated, so that a bad config fails in
-a second and every object is created under the same seed; the resolved config is logged as the run's
-hyperparameters; and the distributed state is cleaned up however the run ends, so that the next job of a
-multirun starts from scratch.
+Order matters: the preflight checks, extras and seeding happen before anything is instantiated, so that
+a bad config fails in a second and every object is created under the same seed; the resolved config is
+logged as the run's hyperparameters; and the distributed state is cleaned up however the run ends, so that
+the next job of a multirun starts from scratch.
 """
 
 import logging
@@ -19,7 +19,7 @@ from hydra.utils import instantiate
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
-from src.utils import hydra_ddp
+from src.utils import hydra_ddp, preflight
 from src.utils.config import apply_extras
 
 log = logging.getLogger(__name__)
@@ -76,11 +76,10 @@ def build(cfg: DictConfig) -> Iterator[Run]:
         # `import lightning` attaches a console handler of its own; Hydra's logging config already prints
         # and files every record, so drop it rather than print each Lightning message twice.
         logging.getLogger("lightning").handlers.clear()
+    preflight.check_run(cfg)
     apply_extras(cfg)
     if cfg.get("seed") is not None:  # seed 0 is a seed
         L.seed_everything(cfg.seed, workers=True)
-    if HydraConfig.initialized():
-        hydra_ddp.install()
     env_before = hydra_ddp.snapshot_env()
     trainer = None
     try:

@@ -15,7 +15,9 @@ CONFIG_DIR = str(Path(__file__).resolve().parents[1] / "configs")
 def main(cfg: DictConfig) -> float | None:
     # Imported here, so that `--help` and `--cfg job` answer without loading torch and Lightning.
     from src.tasks import optimized_metric, train
+    from src.utils import hydra_ddp
 
+    hydra_ddp.install(script=__file__)  # Lightning's DDP workers re-run this file, on this job only
     return optimized_metric(cfg, train(cfg))
 
 

@@ -34,6 +34,7 @@ class ClassifierModule(L.LightningModule):
         num_classes: int,
         scheduler: dict | None = None,
         scheduler_config: dict | None = None,
+        compile: bool = False,
     ) -> None:
         super().__init__()
         self.save_hyperparameters(
@@ -43,6 +44,7 @@ class ClassifierModule(L.LightningModule):
                 "num_classes": num_classes,
                 "scheduler": _plain(scheduler),
                 "scheduler_config": _plain(scheduler_config),
+                "compile": compile,
             },
             logger=False,  # the builder logs the whole resolved run config instead
         )
@@ -53,6 +55,13 @@ class ClassifierModule(L.LightningModule):
         self.test_acc = MulticlassAccuracy(num_classes, average="micro")
         self.train_loss, self.val_loss, self.test_loss = MeanMetric(), MeanMetric(), MeanMetric()
         self.val_acc_best = MaxMetric()
+
+    def configure_model(self) -> None:
+        # Compiled in place (nn.Module.compile), in every process once the strategy has set up: the
+        # parameter names stay those of the plain net (no `_orig_mod.` prefix), so checkpoints of compiled
+        # and plain runs load into each other.
+        if self.hparams.compile:
+            self.net.compile()
 
     def forward(self, x: Tensor) -> Tensor:
         return self.net(x)

@@ -3,6 +3,8 @@
 import zipfile
 from pathlib import Path
 
+from lightning.fabric.strategies.fsdp import _is_sharded_checkpoint
+
 
 def check_checkpoint(path: str | None, key: str = "ckpt_path") -> Path:
     """Return `path` as a Path if it is a readable checkpoint file, else raise an error that says what is wrong."""
@@ -13,8 +15,12 @@ def check_checkpoint(path: str | None, key: str = "ckpt_path") -> Path:
         raise FileNotFoundError(
             f"{key}={path} does not exist; runs keep theirs in logs/train/runs/<run>/checkpoints/"
         )
+    if _is_sharded_checkpoint(file):  # trainer=fsdp with state_dict_type=sharded saves directories
+        return file
     if not file.is_file():
-        raise IsADirectoryError(f"{key}={path} is a directory; give a .ckpt file inside it")
+        raise IsADirectoryError(
+            f"{key}={path} is a directory but not a sharded FSDP checkpoint; give a .ckpt file inside it"
+        )
     try:
         with open(file, "rb"):
             pass

@@ -8,21 +8,25 @@ next job of the sweep believed its workers already existed and started none.
 
 `install()` makes the launcher build each worker's command from the job's own resolved overrides and
 output directory; `cleanup()` ends a job: it destroys the process group (gloo otherwise aborts at exit in
-some runs), waits for the workers, and restores the environment the job started with.
+some runs), waits for the workers, and restores the environment the job started with. `ddp_spawn` starts
+its workers without re-running the script; `SpawnDDPStrategy` gives them the same clean exit.
 """
 
-import argparse
+import functools
 import os
 import subprocess
 import sys
-from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 import torch.distributed
 from hydra.core.hydra_config import HydraConfig
-from hydra.utils import get_original_cwd, to_absolute_path
+from hydra.utils import get_original_cwd
 from lightning.fabric.strategies.launchers import subprocess_script as fabric_launcher
 from lightning.pytorch import Trainer
+from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.strategies.launchers import subprocess_script as pytorch_launcher
+from omegaconf import DictConfig
 
 # What Lightning's launcher (or torchrun / SLURM) sets for a distributed job.
 DISTRIBUTED_ENV_VARS = ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -41,44 +45,44 @@ _PARENT_ONLY_HYDRA_OVERRIDES = (
 )
 
 
-def _config_location_args(argv: Sequence[str]) -> list[str]:
-    """The `--config-path/-cp`, `--config-name/-cn` and `--config-dir/-cd` flags of a Hydra command line."""
-    parser = argparse.ArgumentParser(add_help=False)
-    for flags in (("--config-path", "-cp"), ("--config-name", "-cn"), ("--config-dir", "-cd")):
-        parser.add_argument(*flags)
-    known, _ = parser.parse_known_args(list(argv))
-    args = []
-    for flag, value in (("--config-path", known.config_path), ("--config-name", known.config_name)):
-        if value is not None:
-            args.append(f"{flag}={value}")
-    if known.config_dir is not None:
-        args.append(f"--config-dir={to_absolute_path(known.config_dir)}")
+def _config_location_args(hydra_cfg: DictConfig) -> list[str]:
+    """`--config-name`, `--config-path` and `--config-dir` flags that find the job's configs again.
+
+    Read from the job's own Hydra config, not from sys.argv: inside a launcher plugin's job (submitit) the
+    command line is the plugin's.
+    """
+    args = [f"--config-name={hydra_cfg.job.config_name}"]
+    for source in hydra_cfg.runtime.config_sources:
+        if source.schema != "file":
+            continue
+        if source.provider == "main":
+            args.append(f"--config-path={source.path}")
+        elif source.provider == "command-line":
+            args.append(f"--config-dir={source.path}")
     return args
 
 
-def worker_command(local_rank: int) -> tuple[list[str], str]:
-    """Command and cwd that start DDP worker `local_rank` on the current Hydra job, and only that job."""
-    import __main__
-
+def worker_command(script: str, local_rank: int) -> tuple[list[str], str]:
+    """Command and cwd that start DDP worker `local_rank` of `script` on the current job, and only that job."""
     hydra_cfg = HydraConfig.get()
-    if __main__.__spec__ is None:
-        command = [sys.executable, to_absolute_path(sys.argv[0])]
-    else:
-        command = [sys.executable, "-m", __main__.__spec__.name]
-    command += _config_location_args(sys.argv[1:])
+    command = [sys.executable, script, *_config_location_args(hydra_cfg)]
     command += [o for o in hydra_cfg.overrides.hydra if not o.startswith(_PARENT_ONLY_HYDRA_OVERRIDES)]
     command += list(hydra_cfg.overrides.task)
+    # The parent's run dir; the config (hydra/default.yaml) keeps a worker from writing the config
+    # snapshot or the log file there: those are global rank 0's.
     command += [
         f'hydra.run.dir="{hydra_cfg.runtime.output_dir}"',
         f"hydra.job.name={hydra_cfg.job.name}_ddp_rank_{local_rank}",
-        "hydra.output_subdir=null",  # the parent alone writes the config snapshot
-        "hydra.job_logging.root.handlers=[console]",  # and the run's log file
     ]
     return command, get_original_cwd()
 
 
-def install() -> None:
-    """Make Lightning's subprocess launcher start workers with `worker_command` (idempotent)."""
+def install(script: str) -> None:
+    """Make Lightning's subprocess launcher start each DDP worker as `script` on the current job.
+
+    Every entry point calls this with its own `__file__`; that path, unlike sys.argv, is also right
+    inside a launcher plugin's job.
+    """
     # The pytorch launcher imported the function by name, so both modules need the replacement.
     for module in (fabric_launcher, pytorch_launcher):
         if not hasattr(module, "_hydra_subprocess_cmd"):
@@ -86,7 +90,7 @@ def install() -> None:
                 f"{module.__name__} has no _hydra_subprocess_cmd: this Lightning version changed its DDP "
                 "launcher; update src/utils/hydra_ddp.py (tested with lightning 2.6)"
             )
-        module._hydra_subprocess_cmd = worker_command
+        module._hydra_subprocess_cmd = functools.partial(worker_command, str(Path(script).resolve()))
 
 
 def snapshot_env() -> dict[str, str | None]:
@@ -98,7 +102,8 @@ def cleanup(trainer: Trainer | None, env_before: dict[str, str | None], timeout:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
     launcher = getattr(trainer.strategy, "launcher", None) if trainer is not None else None
-    workers: list[subprocess.Popen] = getattr(launcher, "procs", [])
+    # The script workers of Lightning's subprocess launcher (ddp_spawn's launcher joins its own).
+    workers = [p for p in getattr(launcher, "procs", []) if isinstance(p, subprocess.Popen)]
     for worker in workers:
         try:
             worker.wait(timeout=timeout)
@@ -112,3 +117,20 @@ def cleanup(trainer: Trainer | None, env_before: dict[str, str | None], timeout:
             os.environ.pop(name, None)
         else:
             os.environ[name] = value
+
+
+class SpawnDDPStrategy(DDPStrategy):
+    """`ddp_spawn` (workers started by torch.multiprocessing) whose workers destroy their process group.
+
+    Without it gloo aborts some workers at interpreter exit ("terminate called without an active
+    exception", SIGABRT), which fails the job after training succeeded.
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(start_method="spawn", **kwargs)
+
+    def teardown(self) -> None:
+        super().teardown()
+        # A no-op in the main process, which never joins the group; each worker ends here.
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()

@@ -1,9 +1,12 @@
 """OmegaConf resolvers used by the configs (kept free of heavy imports: `--help` loads this module)."""
 
 from pathlib import Path
+from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
+
+from src.utils import launchers
 
 
 def project_root(*, _root_: DictConfig) -> str:
@@ -26,5 +29,13 @@ def project_root(*, _root_: DictConfig) -> str:
     )
 
 
+def if_rank_zero(value: Any, otherwise: Any = None) -> Any:
+    """`value` in global rank 0, `otherwise` in every other rank (rank from torchrun, SLURM or Lightning)."""
+    return value if launchers.is_global_rank_zero() else otherwise
+
+
 def register_resolvers() -> None:
     OmegaConf.register_new_resolver("project_root", project_root, replace=True)
+    # Cached like Hydra's ${now:}: one value per process, however often the run dir is resolved.
+    OmegaConf.register_new_resolver("run_stamp", launchers.run_stamp, use_cache=True, replace=True)
+    OmegaConf.register_new_resolver("if_rank_zero", if_rank_zero, replace=True)

@@ -1,0 +1,86 @@
+"""What external launchers (torchrun, SLURM's srun) tell a process, read before Hydra creates the run dir.
+
+torchrun and srun start every rank as its own `python src/train.py ...` process, so each would create its
+own timestamped run directory, snapshot and log file. The config resolvers use these helpers so that every
+rank of one launch agrees on one run directory, and only global rank 0 writes into it.
+
+Kept free of heavy imports: the config resolvers load this module on every start.
+"""
+
+import os
+from datetime import datetime, timedelta
+
+# The run-dir timestamp: sortable, and unique even for runs started in the same second.
+STAMP_FORMAT = "%Y-%m-%d_%H-%M-%S_%f"
+
+# Key under which torchrun's rank 0 publishes its run-dir stamp in the launch's store.
+_STAMP_KEY = "lightning_hydra_starter/run_stamp"
+
+
+def is_global_rank_zero() -> bool:
+    """False in every process but global rank 0 of a torchrun, SLURM or Lightning-launched job."""
+    for name in ("RANK", "SLURM_PROCID"):  # torchrun's global rank first: `srun torchrun` sets both
+        if name in os.environ:
+            return int(os.environ[name]) == 0
+    # A worker started by Lightning's own DDP launcher (or a node of a hand-launched multi-node run).
+    return int(os.environ.get("LOCAL_RANK", 0)) == 0 and int(os.environ.get("NODE_RANK", 0)) == 0
+
+
+def slurm_job_id() -> str | None:
+    """The SLURM job id (`<array job>_<task>` in an array), when Lightning runs this process as a SLURM task.
+
+    Mirrors Lightning's `SLURMEnvironment.detect()`: srun sets SLURM_NTASKS, and jobs named "bash" or
+    "interactive" are interactive allocations that Lightning leaves alone.
+    """
+    if "SLURM_NTASKS" not in os.environ or os.environ.get("SLURM_JOB_NAME") in ("bash", "interactive"):
+        return None
+    if "SLURM_ARRAY_JOB_ID" in os.environ:
+        return f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}"
+    return os.environ.get("SLURM_JOB_ID")
+
+
+def torchrun_world_size() -> int:
+    """Number of processes torchrun started for this launch (0 when not started by torchrun)."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ:
+        return 0
+    return int(os.environ.get("WORLD_SIZE", 1))
+
+
+def _torchrun_has_agent_store() -> bool:
+    """torchrun's agent serves a TCP store at MASTER_ADDR:MASTER_PORT (true for every rendezvous since torch 2.3)."""
+    return os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+
+
+def run_stamp() -> str:
+    """Name of a new run directory, the same in every process of one launch.
+
+    Under SLURM it is `slurm-<job id>`: every task of the job, and the job again after a requeue, writes to
+    the same directory, which is where Lightning looks for the checkpoint it saved before the requeue.
+    Under torchrun, global rank 0 takes the time and shares it through the launch's TCP store.
+    Otherwise it is the current time.
+    """
+    job_id = slurm_job_id()
+    if job_id is not None:
+        return f"slurm-{job_id}"
+    stamp = datetime.now().strftime(STAMP_FORMAT)
+    if torchrun_world_size() > 1 and _torchrun_has_agent_store():
+        stamp = _share_from_rank_zero(_STAMP_KEY, stamp)
+    return stamp
+
+
+def _share_from_rank_zero(key: str, value: str, timeout_s: float = 300.0) -> str:
+    """Rank 0's `value` for `key`, read from the TCP store that torchrun's agent serves at MASTER_ADDR:PORT.
+
+    A worker restarted by torchrun (`--max-restarts`) finds the key already set and reuses the same value.
+    """
+    from torch.distributed import TCPStore  # only under torchrun: torch is loaded there anyway
+
+    store = TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        is_master=False,
+        timeout=timedelta(seconds=timeout_s),
+    )
+    if is_global_rank_zero() and not store.check([key]):
+        store.set(key, value)
+    return store.get(key).decode()  # blocks until rank 0 has set it
