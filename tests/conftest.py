@@ -2,8 +2,10 @@
 
 import csv
 import os
+import socket
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -48,14 +50,46 @@ def compose_cfg(tmp_path: Path, data_dir: Path):
     GlobalHydra.instance().clear()
 
 
+def cli_command(script: str, *overrides: str, log_dir: Path, data_dir: Path, launcher: Sequence[str] = ()):
+    """`python [launcher] src/<script>.py overrides...`, writing logs and data into the given folders."""
+    script_path = str(ROOT / "src" / f"{script}.py")
+    paths = [f"paths.log_dir={log_dir}", f"paths.data_dir={data_dir}", "extras.print_config=false"]
+    return [sys.executable, *launcher, script_path, *overrides, *paths]
+
+
+def cli_env(**extra: str) -> dict[str, str]:
+    return {**os.environ, "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": "0", **extra}
+
+
 def run_cli(
-    script: str, *overrides: str, log_dir: Path, data_dir: Path, cwd: Path = ROOT, timeout: int = 300
+    script: str,
+    *overrides: str,
+    log_dir: Path,
+    data_dir: Path,
+    cwd: Path = ROOT,
+    timeout: int = 300,
+    launcher: Sequence[str] = (),
+    env: dict[str, str] | None = None,
 ):
-    """Run `python src/<script>.py overrides...` as a user would; return the completed process."""
-    command = [sys.executable, str(ROOT / "src" / f"{script}.py"), *overrides]
-    command += [f"paths.log_dir={log_dir}", f"paths.data_dir={data_dir}", "extras.print_config=false"]
-    env = {**os.environ, "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": "0"}
-    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    """Run `python src/<script>.py overrides...` as a user would; return the completed process.
+
+    `launcher` goes between python and the script, e.g. `["-m", "torch.distributed.run", ...]` for torchrun.
+    """
+    command = cli_command(script, *overrides, log_dir=log_dir, data_dir=data_dir, launcher=launcher)
+    return subprocess.run(
+        command, cwd=cwd, env=cli_env(**(env or {})), capture_output=True, text=True, timeout=timeout
+    )
+
+
+def torchrun(*args: str) -> list[str]:
+    """The launcher part of a `torchrun <args> src/train.py` command line."""
+    return ["-m", "torch.distributed.run", *args]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def last_metrics(run_dir: Path) -> dict[str, float]:
@@ -71,3 +105,11 @@ def only_run_dir(log_dir: Path, task: str = "train") -> Path:
     runs = list((log_dir / task / "runs").iterdir())
     assert len(runs) == 1, f"expected one run dir, found {runs}"
     return runs[0]
+
+
+def assert_single_run_dir(run_dir: Path, log_name: str = "train.log") -> None:
+    """One config snapshot, one log file, one checkpoints folder, and nothing written by another rank."""
+    assert sorted(p.name for p in run_dir.glob("**/*.log")) == [log_name]
+    assert len(list(run_dir.glob("**/.hydra"))) == 1
+    assert len(list(run_dir.glob("**/checkpoints"))) == 1
+    assert "rank: 1]" not in (run_dir / log_name).read_text()  # the other ranks log to the console only

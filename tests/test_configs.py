@@ -1,5 +1,6 @@
 """Every option of every config group composes and instantiates."""
 
+import importlib.util
 from pathlib import Path
 
 import lightning as L
@@ -72,25 +73,62 @@ def test_logger_options_instantiate(compose_cfg, option):
     assert len(loggers) == (3 if option == "many_loggers" else 1)
 
 
-NEEDS = {
-    "gpu": torch.cuda.is_available(),
-    "ddp": torch.cuda.is_available(),
-    "mps": torch.backends.mps.is_available(),
-}
+HAS_CUDA = torch.cuda.is_available()
+# Presets that run on CUDA GPUs only; on a CPU machine their CPU variant or the clear refusal is tested below.
+CUDA_PRESETS = {"gpu", "ddp", "ddp_spawn", "fsdp", "deepspeed"}
 
 
 @pytest.mark.parametrize("option", options("trainer"))
 def test_trainer_options_instantiate(compose_cfg, option):
-    if not NEEDS.get(option, True):
-        pytest.skip(f"trainer={option} needs a {'cuda' if option != 'mps' else 'mps'} device, none here")
+    if option == "mps" and not torch.backends.mps.is_available():
+        pytest.skip("trainer=mps needs an Apple silicon GPU, none here")
+    if option in CUDA_PRESETS and not HAS_CUDA:
+        pytest.skip(f"trainer={option} needs CUDA GPUs, none here (its CPU checks are the tests below)")
+    if option == "deepspeed" and importlib.util.find_spec("deepspeed") is None:
+        pytest.skip("trainer=deepspeed needs the deepspeed extra, not installed")
     trainer = instantiate(compose_cfg("train", [f"trainer={option}"]).trainer, logger=False)
     assert isinstance(trainer, L.Trainer)
 
 
-def test_ddp_preset_on_cpu_is_two_processes(compose_cfg):
-    cfg = compose_cfg("train", ["trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2"])
+@pytest.mark.parametrize(("preset", "strategy"), [("ddp", "DDPStrategy"), ("ddp_spawn", "SpawnDDPStrategy")])
+def test_ddp_presets_on_cpu_are_two_processes(compose_cfg, preset, strategy):
+    cfg = compose_cfg("train", [f"trainer={preset}", "trainer.accelerator=cpu", "trainer.devices=2"])
     trainer = instantiate(cfg.trainer, logger=False)
-    assert trainer.world_size == 2 and type(trainer.strategy).__name__ == "DDPStrategy"
+    assert trainer.world_size == 2 and type(trainer.strategy).__name__ == strategy
+
+
+def test_fsdp_preset_builds_its_strategy_with_the_configured_policy(compose_cfg):
+    from lightning.pytorch.strategies import FSDPStrategy
+    from torch.distributed.fsdp import ShardingStrategy
+
+    cfg = compose_cfg("train", ["trainer=fsdp", "trainer.strategy.sharding_strategy=SHARD_GRAD_OP"])
+    strategy = instantiate(cfg.trainer.strategy)
+    assert isinstance(strategy, FSDPStrategy)
+    assert strategy.sharding_strategy == ShardingStrategy.SHARD_GRAD_OP
+    wrap = strategy.kwargs["auto_wrap_policy"]  # wraps subtrees of at least min_num_params parameters
+    assert wrap(torch.nn.Linear(1000, 1000), recurse=False, nonwrapped_numel=1_001_000)
+    assert not wrap(torch.nn.Linear(10, 10), recurse=False, nonwrapped_numel=110)
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("deepspeed") is None, reason="the deepspeed extra is not installed"
+)
+def test_deepspeed_preset_builds_zero_stage_2_and_the_stage_is_a_key(compose_cfg):
+    from lightning.pytorch.strategies import DeepSpeedStrategy
+
+    strategy = instantiate(compose_cfg("train", ["trainer=deepspeed"]).trainer.strategy)
+    assert isinstance(strategy, DeepSpeedStrategy) and strategy.config["zero_optimization"]["stage"] == 2
+    strategy = instantiate(
+        compose_cfg("train", ["trainer=deepspeed", "trainer.strategy.stage=3"]).trainer.strategy
+    )
+    assert strategy.config["zero_optimization"]["stage"] == 3
+
+
+def test_lightning_itself_refuses_fsdp_on_the_cpu(compose_cfg):
+    """Why the preflight check exists for trainer=fsdp: Lightning 2.6 refuses FSDP without a GPU."""
+    cfg = compose_cfg("train", ["trainer=fsdp", "trainer.accelerator=cpu", "trainer.devices=2"])
+    with pytest.raises(Exception, match=r"The strategy `fsdp` requires a GPU accelerator"):
+        instantiate(cfg.trainer, logger=False)
 
 
 @pytest.mark.parametrize("preset", options("debug"))

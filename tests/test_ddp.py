@@ -5,27 +5,25 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import last_metrics, only_run_dir, run_cli
+from tests.conftest import assert_single_run_dir, last_metrics, only_run_dir, run_cli
 
 TINY = ["data=digits", "model=mlp", "trainer.max_epochs=2"]
 
 
-def assert_single_run_dir(run_dir: Path, log_name: str = "train.log") -> None:
-    """One config snapshot, one log file, one checkpoints folder, and nothing from the worker rank."""
-    assert sorted(p.name for p in run_dir.glob("**/*.log")) == [log_name]
-    assert len(list(run_dir.glob("**/.hydra"))) == 1
-    assert len(list(run_dir.glob("**/checkpoints"))) == 1
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "trainer", [["trainer=ddp_sim"], ["trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2"]]
+    "trainer",
+    [
+        ["trainer=ddp_sim"],
+        ["trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2"],
+        ["trainer=ddp_spawn", "trainer.accelerator=cpu", "trainer.devices=2"],
+    ],
 )
 def test_ddp_run_writes_one_run_dir_and_syncs_metrics(tmp_path: Path, data_dir: Path, trainer: list[str]):
     result = run_cli("train", *trainer, *TINY, log_dir=tmp_path, data_dir=data_dir)
     assert result.returncode == 0, result.stderr[-3000:]
     output = result.stdout + result.stderr
-    assert "[rank: 1] Seed set to 42" in output  # the worker process really ran
+    assert "GLOBAL_RANK: 1, MEMBER: 2/2" in output  # the worker process really ran
     run_dir = only_run_dir(tmp_path)
     assert_single_run_dir(run_dir)
     assert not (tmp_path / "train" / "multiruns").exists()

@@ -128,3 +128,37 @@ def test_checkpoint_path_that_is_a_directory_is_refused(tmp_path: Path):
 
     with pytest.raises(IsADirectoryError, match=rf"ckpt_path={tmp_path} is a directory"):
         check_checkpoint(str(tmp_path))
+
+
+def test_a_sharded_fsdp_checkpoint_directory_is_accepted(tmp_path: Path):
+    from src.utils.checkpoints import check_checkpoint
+
+    sharded = tmp_path / "last.ckpt"  # what trainer=fsdp with state_dict_type=sharded saves
+    sharded.mkdir()
+    (sharded / "meta.pt").write_bytes(b"")
+    assert check_checkpoint(str(sharded)) == sharded
+
+
+@pytest.mark.slow
+def test_compiled_training_saves_checkpoints_that_load_without_compile(tmp_path: Path, data_dir: Path):
+    compiled = run_cli(
+        "train",
+        *DIGITS_MLP,
+        "trainer.max_epochs=1",
+        "model.compile=true",
+        env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")},  # a cold, private compile cache
+        log_dir=tmp_path,
+        data_dir=data_dir,
+        timeout=600,
+    )
+    assert compiled.returncode == 0, compiled.stderr[-3000:]
+    assert list((tmp_path / "inductor").iterdir())  # torch.compile really ran
+    run_dir = only_run_dir(tmp_path)
+    best = run_dir / "checkpoints" / "best.ckpt"
+    names = torch.load(best, weights_only=True)["state_dict"].keys()
+    assert not [name for name in names if "_orig_mod" in name]  # the plain net's parameter names
+
+    evaluated = run_cli("eval", *DIGITS_MLP, f"ckpt_path={best}", log_dir=tmp_path, data_dir=data_dir)
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    test_acc = last_metrics(only_run_dir(tmp_path, "eval"))["test/acc"]
+    assert test_acc == pytest.approx(last_metrics(run_dir)["test/acc"])
