@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from tests.conftest import assert_single_run_dir, last_metrics, only_run_dir, run_cli
@@ -65,3 +66,21 @@ def test_multirun_of_ddp_jobs_runs_each_job_once_with_its_own_workers(tmp_path: 
         hparams = yaml.safe_load((job / "csv" / "version_0" / "hparams.yaml").read_text())
         assert hparams["model"]["optimizer"]["lr"] == lr
         assert last_metrics(job)["lr-Adam"] == pytest.approx(lr)  # what the optimizer really used
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("precision", "weights"), [("bf16-mixed", torch.float32), ("bf16-true", torch.bfloat16)]
+)
+def test_ddp_trains_in_bfloat16_on_the_cpu(
+    tmp_path: Path, data_dir: Path, precision: str, weights: torch.dtype
+):
+    limits = ["trainer.limit_train_batches=5", "trainer.limit_val_batches=2", "trainer.limit_test_batches=2"]
+    overrides = ["trainer=ddp_sim", f"trainer.precision={precision}", *TINY, *limits]
+    result = run_cli("train", *overrides, log_dir=tmp_path, data_dir=data_dir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "GLOBAL_RANK: 1, MEMBER: 2/2" in result.stdout + result.stderr
+    checkpoint = torch.load(only_run_dir(tmp_path) / "checkpoints" / "last.ckpt", weights_only=True)
+    # mixed: float32 weights, bfloat16 autocast; true: the weights themselves are bfloat16
+    assert {t.dtype for t in checkpoint["state_dict"].values() if t.is_floating_point()} == {weights}
+    assert last_metrics(only_run_dir(tmp_path))["test/acc"] > 0.5
