@@ -132,3 +132,8 @@ def test_a_bad_combination_fails_in_one_line_before_training(tmp_path: Path, dat
     assert "trainer.precision=16-mixed needs a CUDA GPU" in result.stderr
     assert "site-packages/lightning" not in result.stderr  # refused before Lightning was involved
     assert not list(tmp_path.glob("train/runs/*/checkpoints"))  # nothing was trained
+
+
+def test_float64_on_apple_silicon_is_refused(compose_cfg):
+    with pytest.raises(ValueError, match=r"trainer.precision=64: MPS has no float64; use 32 or bf16-mixed"):
+        check(compose_cfg, "trainer=mps", "trainer.precision=64")
