@@ -66,6 +66,9 @@ def test_multirun_of_ddp_jobs_runs_each_job_once_with_its_own_workers(tmp_path: 
         hparams = yaml.safe_load((job / "csv" / "version_0" / "hparams.yaml").read_text())
         assert hparams["model"]["optimizer"]["lr"] == lr
         assert last_metrics(job)["lr-Adam"] == pytest.approx(lr)  # what the optimizer really used
+    summary = (sweeps[0] / "summary.csv").read_text().splitlines()
+    assert summary[0] == "job,status,val/acc_best,model.optimizer.lr,error" and len(summary) == 3
+    assert all(",completed," in line for line in summary[1:])
 
 
 @pytest.mark.slow

@@ -117,7 +117,9 @@ def test_submitit_local_runs_a_two_job_sweep_including_lightning_launched_ddp(tm
         "0",
         "1",
         "multirun.yaml",
+        "summary.csv",  # written from the jobs' result.json, which each submitit job wrote itself
     ]
+    assert (sweep / "summary.csv").read_text().count(",completed,") == 2
     assert len(list((sweep / ".submitit").glob("*/*_result.pkl"))) == 2  # each job ran as a submitit job
     for job in ("0", "1"):
         assert_single_run_dir(sweep / job)
