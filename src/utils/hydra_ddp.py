@@ -6,10 +6,15 @@ Under `-m` that command still holds `-m` and the whole sweep, so each worker ran
 hyperparameters). And the `LOCAL_RANK`/`MASTER_*` variables the launcher sets stay in `os.environ`, so the
 next job of the sweep believed its workers already existed and started none.
 
+And Lightning watches the workers with a thread that SIGKILLs the main process as soon as one worker has
+exited with an error, even after the job has ended. Under a sweep the main process is the sweeper, so a
+trial that failed (or was pruned) in its workers killed the whole sweep.
+
 `install()` makes the launcher build each worker's command from the job's own resolved overrides and
-output directory; `cleanup()` ends a job: it destroys the process group (gloo otherwise aborts at exit in
-some runs), waits for the workers, and restores the environment the job started with. `ddp_spawn` starts
-its workers without re-running the script; `SpawnDDPStrategy` gives them the same clean exit.
+output directory, and watch the workers with `JobObserver`; `cleanup()` ends a job: it destroys the
+process group (gloo otherwise aborts at exit in some runs), stops the observer, waits for the workers, and
+restores the environment the job started with. `ddp_spawn` starts its workers without re-running the
+script; `SpawnDDPStrategy` gives them the same clean exit.
 """
 
 import functools
@@ -21,6 +26,7 @@ from typing import Any
 
 import torch.distributed
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from hydra.utils import get_original_cwd
 from lightning.fabric.strategies.launchers import subprocess_script as fabric_launcher
 from lightning.pytorch import Trainer
@@ -77,20 +83,61 @@ def worker_command(script: str, local_rank: int) -> tuple[list[str], str]:
     return command, get_original_cwd()
 
 
+class JobObserver(fabric_launcher._ChildProcessObserver):
+    """Lightning's watcher of the DDP workers, for one job only, and sparing the process that runs a sweep.
+
+    While the job runs, a worker that died makes it kill the others; outside a sweep it also kills this
+    process (Lightning's behaviour: it may be stuck in a collective), inside a sweep it leaves this process
+    to fail the job when its next collective breaks, so the sweep goes on. Once the job has ended
+    (`stop()`), the workers' exit codes are no reason to kill anything.
+    """
+
+    def __init__(self, main_pid: int, child_processes: list[subprocess.Popen]) -> None:
+        super().__init__(main_pid=main_pid, child_processes=child_processes)
+        self._in_sweep = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+    def stop(self) -> None:
+        self._finished = True
+
+    def _run(self) -> bool:
+        return self._finished or super()._run()
+
+    def _terminate_all(self) -> None:
+        if self._finished:
+            return
+        if not self._in_sweep:
+            super()._terminate_all()
+            return
+        for worker in self._child_processes:
+            if worker.poll() is None:
+                worker.send_signal(self._termination_signal)
+
+
+_observers: list[JobObserver] = []
+
+
+def _launch_job_observer(child_processes: list[subprocess.Popen]) -> None:
+    observer = JobObserver(main_pid=os.getpid(), child_processes=child_processes)
+    _observers.append(observer)
+    observer.start()
+
+
 def install(script: str) -> None:
     """Make Lightning's subprocess launcher start each DDP worker as `script` on the current job.
 
     Every entry point calls this with its own `__file__`; that path, unlike sys.argv, is also right
     inside a launcher plugin's job.
     """
-    # The pytorch launcher imported the function by name, so both modules need the replacement.
+    # The pytorch launcher imported the functions by name, so both modules need the replacements.
     for module in (fabric_launcher, pytorch_launcher):
-        if not hasattr(module, "_hydra_subprocess_cmd"):
-            raise RuntimeError(
-                f"{module.__name__} has no _hydra_subprocess_cmd: this Lightning version changed its DDP "
-                "launcher; update src/utils/hydra_ddp.py (tested with lightning 2.6)"
-            )
+        for name in ("_hydra_subprocess_cmd", "_launch_process_observer"):
+            if not hasattr(module, name):
+                raise RuntimeError(
+                    f"{module.__name__} has no {name}: this Lightning version changed its DDP launcher; "
+                    "update src/utils/hydra_ddp.py (tested with lightning 2.6)"
+                )
         module._hydra_subprocess_cmd = functools.partial(worker_command, str(Path(script).resolve()))
+        module._launch_process_observer = _launch_job_observer
 
 
 def snapshot_env() -> dict[str, str | None]:
@@ -99,6 +146,8 @@ def snapshot_env() -> dict[str, str | None]:
 
 def cleanup(trainer: Trainer | None, env_before: dict[str, str | None], timeout: float = 120.0) -> None:
     """End a job's distributed state: process group, worker processes, environment variables."""
+    while _observers:  # first: the workers may now exit, with an error if the job failed
+        _observers.pop().stop()
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
     launcher = getattr(trainer.strategy, "launcher", None) if trainer is not None else None
