@@ -27,12 +27,12 @@ test-fast: install  ## run the tests not marked slow
 	$(PY) -m pytest -n 2 -m "not slow"
 
 lint: install  ## check style with ruff
-	$(VENV)/bin/ruff check src tests scripts
-	$(VENV)/bin/ruff format --check src tests scripts
+	$(VENV)/bin/ruff check src tests scripts hydra_plugins
+	$(VENV)/bin/ruff format --check src tests scripts hydra_plugins
 
 format: install  ## format the code with ruff
-	$(VENV)/bin/ruff check --fix src tests scripts
-	$(VENV)/bin/ruff format src tests scripts
+	$(VENV)/bin/ruff check --fix src tests scripts hydra_plugins
+	$(VENV)/bin/ruff format src tests scripts hydra_plugins
 
 clean:  ## remove logs and caches (never data/)
 	rm -rf logs/* .pytest_cache .ruff_cache

@@ -11,7 +11,11 @@ ROOT = Path(__file__).resolve().parents[1]
 RUFF = shutil.which("ruff", path=str(Path(sys.executable).parent))  # the venv's ruff, from the dev extra
 
 
+CODE = ["src", "tests", "scripts", "hydra_plugins"]  # what `make lint` checks
+
+
 @pytest.mark.skipif(RUFF is None, reason="ruff not installed")
-def test_ruff_is_clean():
-    result = subprocess.run([RUFF, "check", "src", "tests"], cwd=ROOT, capture_output=True, text=True)
+@pytest.mark.parametrize("command", [["check"], ["format", "--check"]])
+def test_ruff_is_clean(command: list[str]):
+    result = subprocess.run([RUFF, *command, *CODE], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout
