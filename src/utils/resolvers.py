@@ -4,6 +4,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from src.utils import launchers
@@ -34,8 +35,20 @@ def if_rank_zero(value: Any, otherwise: Any = None) -> Any:
     return value if launchers.is_global_rank_zero() else otherwise
 
 
+def sweep_group() -> str | None:
+    """The name of the sweep a multirun job belongs to (its sweep dir's name), None outside a multirun.
+
+    Loggers group a sweep's runs by it (wandb's `group`): a timestamp for a grid sweep, the study name for
+    an Optuna search.
+    """
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return None
+    return Path(HydraConfig.get().sweep.dir).name
+
+
 def register_resolvers() -> None:
     OmegaConf.register_new_resolver("project_root", project_root, replace=True)
     # Cached like Hydra's ${now:}: one value per process, however often the run dir is resolved.
     OmegaConf.register_new_resolver("run_stamp", launchers.run_stamp, use_cache=True, replace=True)
     OmegaConf.register_new_resolver("if_rank_zero", if_rank_zero, replace=True)
+    OmegaConf.register_new_resolver("sweep_group", sweep_group, replace=True)
