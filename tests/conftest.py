@@ -113,3 +113,30 @@ def assert_single_run_dir(run_dir: Path, log_name: str = "train.log") -> None:
     assert len(list(run_dir.glob("**/.hydra"))) == 1
     assert len(list(run_dir.glob("**/checkpoints"))) == 1
     assert "rank: 1]" not in (run_dir / log_name).read_text()  # the other ranks log to the console only
+
+
+def wandb_records(run_file: Path) -> list:
+    """The records of an offline wandb run (`run-<id>.wandb`), as wandb's own protobuf messages.
+
+    The file is a LevelDB-style log after a 7-byte header: 32 KiB blocks of chunks, each with a
+    4-byte checksum, a 2-byte length and a type (1 whole record, 2 first, 3 middle, 4 last part).
+    """
+    import struct
+
+    from wandb.proto import wandb_internal_pb2
+
+    data = run_file.read_bytes()
+    assert data[:4] == b":W&B", f"{run_file} is not a wandb run file"
+    records, pending, pos = [], b"", 7
+    while pos + 7 <= len(data):
+        if 32768 - pos % 32768 < 7:  # a block's tail too short for a chunk header is padding
+            pos += 32768 - pos % 32768
+            continue
+        _checksum, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        chunk, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
+        pending = chunk if kind in (1, 2) else pending + chunk
+        if kind in (1, 4):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            records.append(record)
+    return records

@@ -154,3 +154,27 @@ def test_empty_tags_are_refused_when_enforced(compose_cfg):
 
     with pytest.raises(ValueError, match=r"tags is empty; label the run, e.g. tags=\[baseline\]"):
         apply_extras(compose_cfg("train", ["tags=[]"]))
+
+
+@pytest.mark.parametrize("search", options("hparams_search"))
+def test_every_value_of_each_hparams_search_composes_into_a_model(search):
+    from hydra import compose, initialize_config_dir
+    from optuna.distributions import CategoricalDistribution
+
+    from hydra_plugins.optuna_sweeper.optuna_sweeper import OptunaSweeper, parse_search
+
+    def compose_train(overrides: list[str]):
+        with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+            return compose("train", overrides=overrides, return_hydra_config=True)
+
+    cfg = compose_train([f"hparams_search={search}"])
+    assert cfg.hydra.sweeper._target_ == f"{OptunaSweeper.__module__}.OptunaSweeper"
+    assert cfg.hydra.sweeper.study_name == search
+    assert cfg.callbacks.optuna_pruning.monitor == cfg.optimized_metric
+    space, _ = parse_search(cfg.hydra.sweeper.params, [])
+    assert space.distributions
+    for key, dist in space.distributions.items():  # each choice, and both ends of each interval
+        values = dist.choices if isinstance(dist, CategoricalDistribution) else (dist.low, dist.high)
+        for value in values:
+            trial_cfg = compose_train([f"hparams_search={search}", space.override(key, value)])
+            assert isinstance(instantiate(trial_cfg.model), L.LightningModule)

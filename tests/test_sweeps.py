@@ -1,0 +1,425 @@
+"""Sweeps: Hydra grid multiruns and Optuna studies, each job in its own dir, all of them in one summary."""
+
+import csv
+import json
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+from omegaconf import OmegaConf
+from optuna.trial import TrialState
+
+from hydra_plugins.optuna_sweeper.optuna_sweeper import parse_search
+from src.utils.sweep_summary import write_summary
+from tests.conftest import ROOT, cli_command, cli_env, last_metrics, run_cli, wandb_records
+
+DIGITS_MLP = ["data=digits", "model=mlp", "trainer.max_epochs=1"]
+# A rigged pruner: any trial whose val/acc_best is below 0.5 after an epoch is hopeless.
+THRESHOLD_PRUNER = [
+    "~hydra.sweeper.pruner",
+    "+hydra.sweeper.pruner={_target_: optuna.pruners.ThresholdPruner, lower: 0.5}",
+]
+
+
+def optuna_sweep(*overrides: str, log_dir: Path, data_dir: Path) -> subprocess.CompletedProcess:
+    """`python src/train.py -m hparams_search=digits_mlp ...` with one-epoch trials unless overridden."""
+    return run_cli("train", "-m", "hparams_search=digits_mlp", *overrides, log_dir=log_dir, data_dir=data_dir)
+
+
+def study_dir(log_dir: Path) -> Path:
+    return log_dir / "train" / "studies" / "digits_mlp"
+
+
+def load_study(log_dir: Path) -> optuna.Study:
+    return optuna.load_study(study_name="digits_mlp", storage=f"sqlite:///{study_dir(log_dir)}/optuna.db")
+
+
+def trials_in(log_dir: Path, state: TrialState) -> list[optuna.trial.FrozenTrial]:
+    return [trial for trial in load_study(log_dir).trials if trial.state == state]
+
+
+def read_summary(sweep_dir: Path) -> list[dict[str, str]]:
+    with open(sweep_dir / "summary.csv") as file:
+        return list(csv.DictReader(file))
+
+
+def only_sweep_dir(log_dir: Path) -> Path:
+    sweeps = list((log_dir / "train" / "multiruns").iterdir())
+    assert len(sweeps) == 1, sweeps
+    return sweeps[0]
+
+
+# --- grid sweeps (Hydra's own sweeper) ---
+
+
+def test_grid_sweep_runs_every_combination_in_its_own_dir_and_summarizes_them(tmp_path: Path, data_dir: Path):
+    grid = ["model.optimizer.lr=0.001,0.01", "data.batch_size=32,64"]
+    result = run_cli("train", "-m", *DIGITS_MLP, *grid, log_dir=tmp_path, data_dir=data_dir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    sweep = only_sweep_dir(tmp_path)
+    assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == ["0", "1", "2", "3"]
+
+    rows = read_summary(sweep)
+    assert list(rows[0]) == [
+        "job",
+        "status",
+        "val/acc_best",
+        "model.optimizer.lr",
+        "data.batch_size",
+        "error",
+    ]
+    combinations = {(row["model.optimizer.lr"], row["data.batch_size"]) for row in rows}
+    assert combinations == {("0.001", "32"), ("0.001", "64"), ("0.01", "32"), ("0.01", "64")}
+    for row in rows:  # each row's value is what its job logged
+        assert row["status"] == "completed"
+        assert float(row["val/acc_best"]) == pytest.approx(last_metrics(sweep / row["job"])["val/acc_best"])
+    values = [float(row["val/acc_best"]) for row in rows]
+    assert values == sorted(values, reverse=True)  # best first (val/acc_best: maximize)
+    assert "Sweep summary" in result.stdout + result.stderr
+
+
+def test_a_failed_grid_job_is_in_the_summary_with_its_error(tmp_path: Path, data_dir: Path):
+    result = run_cli(
+        "train", "-m", *DIGITS_MLP, "model.net.dropout=0.1,1.5", log_dir=tmp_path, data_dir=data_dir
+    )
+    assert result.returncode != 0  # Hydra's grid sweeper stops after the batch that failed
+    sweep = only_sweep_dir(tmp_path)
+    rows = {row["model.net.dropout"]: row for row in read_summary(sweep)}
+    assert rows["0.1"]["status"] == "completed"
+    assert rows["1.5"]["status"] == "failed"
+    assert rows["1.5"]["error"] == "ValueError: dropout probability has to be between 0 and 1, but got 1.5"
+    # The failed job's traceback is in its own log file.
+    assert "Traceback" in (sweep / rows["1.5"]["job"] / "train.log").read_text()
+
+
+def test_summary_orders_by_the_direction_and_lists_only_what_varies(tmp_path: Path):
+    results = [
+        (0, "completed", 0.30, ["a=1", "seed=1"], None),
+        (1, "failed", None, ["a=2", "seed=1"], "ValueError: bad"),
+        (2, "completed", 0.10, ["a=3", "seed=1"], None),
+        (3, "pruned", None, ["a=4", "seed=1"], "TrialPruned: pruned after epoch 0"),
+    ]
+    for job, status, value, overrides, error in results:
+        (tmp_path / str(job)).mkdir()
+        result = {"job": job, "status": status, "metric": "val/loss", "value": value, "overrides": overrides}
+        (tmp_path / str(job) / "result.json").write_text(json.dumps(result | {"error": error}))
+    rows = write_summary(tmp_path, direction="minimize")
+    assert [row["job"] for row in rows] == [2, 0, 3, 1]  # lowest loss first, then pruned, then failed
+    assert list(rows[0]) == ["job", "status", "val/loss", "a", "error"]  # seed=1 is the same everywhere
+    assert read_summary(tmp_path)[3]["error"] == "ValueError: bad"
+
+
+# --- Optuna studies (hparams_search=..., hydra_plugins/optuna_sweeper) ---
+
+
+def test_search_space_uses_hydras_override_grammar():
+    params = OmegaConf.create(
+        {
+            "lr": "tag(log, interval(1e-4, 1e-1))",
+            "width": "tag(int, interval(8, 256))",
+            "depth": "range(1, 5)",
+            "ratio": "range(0.1, 0.5, 0.1)",
+            "dropout": "interval(0, 0.5)",
+            "channels": "choice([16, 32], [32, 64])",
+            "model/net": "choice(mlp, simple_cnn)",
+        }
+    )
+    space, fixed = parse_search(params, ["trainer.max_epochs=3", "data.batch_size=32,64", "dropout=0.2"])
+    dists = space.distributions
+    assert dists["lr"] == optuna.distributions.FloatDistribution(1e-4, 1e-1, log=True)
+    assert dists["width"] == optuna.distributions.IntDistribution(8, 256)
+    assert dists["depth"] == optuna.distributions.IntDistribution(1, 4)  # Hydra's range excludes its end
+    assert dists["ratio"] == optuna.distributions.FloatDistribution(0.1, 0.4, step=0.1)
+    assert dists["data.batch_size"] == optuna.distributions.CategoricalDistribution([32, 64])
+    assert "dropout" not in dists and fixed == [
+        "trainer.max_epochs=3",
+        "dropout=0.2",
+    ]  # the command line wins
+    assert space.override("channels", "[32,64]") == "channels=[32,64]"  # a list choice goes back as a list
+    assert space.override("model/net", "mlp") == "model/net=mlp"
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("tag(log, range(1, 5))", "a range has a fixed step and cannot be log"),
+        ("tag(log, interval(0, 1))", "a log interval needs a positive lower bound, got 0"),
+        ("range(5, 1)", "range(5, 1, 1) is empty"),
+    ],
+)
+def test_a_bad_search_space_says_which_key(value: str, message: str):
+    with pytest.raises(ValueError, match=rf"^lr: .*{re.escape(message)}"):
+        parse_search(OmegaConf.create({"lr": value}), [])
+
+
+def test_optuna_search_stores_the_study_and_summarizes_its_trials(tmp_path: Path, data_dir: Path):
+    result = optuna_sweep(
+        "trainer.max_epochs=1", "hydra.sweeper.n_trials=4", log_dir=tmp_path, data_dir=data_dir
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    output = result.stdout + result.stderr
+    assert "alembic" not in output  # no database-layer noise
+
+    study = load_study(tmp_path)
+    assert [(t.number, t.state) for t in study.trials] == [(n, TrialState.COMPLETE) for n in range(4)]
+    searched = {"model.optimizer.lr", "model.net.hidden_sizes", "model.net.dropout", "data.batch_size"}
+    assert set(study.trials[0].params) == searched
+    rows = {int(row["job"]): row for row in read_summary(study_dir(tmp_path))}
+    for trial in study.trials:  # trial N ran as job N, with the trial's values, and returned its value
+        job_dir = study_dir(tmp_path) / str(trial.number)
+        overrides = OmegaConf.load(job_dir / ".hydra" / "overrides.yaml")
+        assert f"model.optimizer.lr={trial.params['model.optimizer.lr']}" in overrides
+        assert f"model.net.hidden_sizes={trial.params['model.net.hidden_sizes']}" in overrides
+        assert trial.value == pytest.approx(last_metrics(job_dir)["val/acc_best"])
+        assert float(rows[trial.number]["val/acc_best"]) == pytest.approx(trial.value)
+    assert int(read_summary(study_dir(tmp_path))[0]["job"]) == study.best_trial.number
+    assert f"Best trial {study.best_trial.number}" in output
+
+
+def test_rerunning_a_study_continues_it_without_repeating_or_overwriting_trials(
+    tmp_path: Path, data_dir: Path
+):
+    first = optuna_sweep(
+        "trainer.max_epochs=1", "hydra.sweeper.n_trials=2", log_dir=tmp_path, data_dir=data_dir
+    )
+    assert first.returncode == 0, first.stderr[-3000:]
+    before = {n: (study_dir(tmp_path) / str(n) / "result.json").read_text() for n in (0, 1)}
+
+    second = optuna_sweep(
+        "trainer.max_epochs=1", "hydra.sweeper.n_trials=4", log_dir=tmp_path, data_dir=data_dir
+    )
+    assert second.returncode == 0, second.stderr[-3000:]
+    study = load_study(tmp_path)
+    assert [(t.number, t.state) for t in study.trials] == [(n, TrialState.COMPLETE) for n in range(4)]
+    # The seeded sampler was not restarted from scratch: the new trials are not replays of the old ones.
+    assert study.trials[2].params != study.trials[0].params
+    assert study.trials[3].params != study.trials[1].params
+    assert before == {n: (study_dir(tmp_path) / str(n) / "result.json").read_text() for n in (0, 1)}
+    assert len(read_summary(study_dir(tmp_path))) == 4  # one summary for the whole study
+
+    third = optuna_sweep(
+        "trainer.max_epochs=1", "hydra.sweeper.n_trials=4", log_dir=tmp_path, data_dir=data_dir
+    )
+    assert third.returncode == 0, third.stderr[-3000:]
+    assert "already has 4 finished trials" in third.stdout + third.stderr
+    assert len(load_study(tmp_path).trials) == 4
+
+
+@pytest.mark.slow
+def test_a_killed_sweep_resumes_with_the_same_command(tmp_path: Path, data_dir: Path):
+    overrides = ["-m", "hparams_search=digits_mlp", "trainer.max_epochs=2", "hydra.sweeper.n_trials=3"]
+    command = cli_command("train", *overrides, log_dir=tmp_path, data_dir=data_dir)
+    sweep = subprocess.Popen(
+        command, cwd=ROOT, env=cli_env(), start_new_session=True, stdout=subprocess.DEVNULL
+    )
+    deadline = time.time() + 240
+    while not (study_dir(tmp_path) / "2").exists():  # trial 2 has started
+        assert sweep.poll() is None and time.time() < deadline, "the sweep ended before trial 2 started"
+        time.sleep(0.05)
+    sweep.send_signal(signal.SIGKILL)
+    sweep.wait()
+
+    result = run_cli("train", *overrides, log_dir=tmp_path, data_dir=data_dir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    states = {t.number: t.state for t in load_study(tmp_path).trials}
+    assert states == {
+        0: TrialState.COMPLETE,
+        1: TrialState.COMPLETE,
+        2: TrialState.FAIL,
+        3: TrialState.COMPLETE,
+    }
+    assert load_study(tmp_path).trials[2].user_attrs["error"].startswith("interrupted")
+
+
+def test_a_trial_that_raises_is_recorded_as_failed_and_the_others_finish(tmp_path: Path, data_dir: Path):
+    result = optuna_sweep(
+        "trainer.max_epochs=1",
+        "hydra.sweeper.n_trials=3",
+        "hydra.sweeper.max_failure_rate=1",
+        "model.net.dropout=choice(0.1,1.5)",  # 1.5 is not a probability: nn.Dropout raises
+        log_dir=tmp_path,
+        data_dir=data_dir,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    failed, completed = trials_in(tmp_path, TrialState.FAIL), trials_in(tmp_path, TrialState.COMPLETE)
+    assert failed and len(completed) == 3
+    assert all(t.params["model.net.dropout"] == 1.5 for t in failed)
+    assert all(t.params["model.net.dropout"] == 0.1 for t in completed)
+    message = "ValueError: dropout probability has to be between 0 and 1, but got 1.5"
+    assert all(t.user_attrs["error"] == message for t in failed)
+    failed_rows = [row for row in read_summary(study_dir(tmp_path)) if row["status"] == "failed"]
+    assert [int(row["job"]) for row in failed_rows] == [t.number for t in failed]
+    assert all(row["error"] == message for row in failed_rows)
+
+
+def test_a_sweep_that_keeps_failing_stops_at_its_failure_budget(tmp_path: Path, data_dir: Path):
+    result = optuna_sweep(
+        "hydra.sweeper.n_trials=4",
+        "hydra.sweeper.max_failure_rate=0.25",  # 1 failure of 4 allowed
+        "model.net.dropout=choice(1.5,2.0)",
+        log_dir=tmp_path,
+        data_dir=data_dir,
+    )
+    assert result.returncode != 0
+    stopped = (
+        "2 trials of study digits_mlp failed in this sweep, more than hydra.sweeper.max_failure_rate=0.25"
+    )
+    assert stopped in result.stderr
+    assert [t.state for t in load_study(tmp_path).trials] == [TrialState.FAIL, TrialState.FAIL]
+
+
+def test_the_pruner_stops_a_hopeless_trial_after_its_first_epoch(tmp_path: Path, data_dir: Path):
+    result = optuna_sweep(
+        "trainer.max_epochs=3",
+        "hydra.sweeper.n_trials=3",
+        "model.optimizer.lr=choice(0.000001,0.01)",  # 1e-6 learns nothing in 3 epochs
+        *THRESHOLD_PRUNER,
+        log_dir=tmp_path,
+        data_dir=data_dir,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    pruned, completed = trials_in(tmp_path, TrialState.PRUNED), trials_in(tmp_path, TrialState.COMPLETE)
+    assert pruned and completed
+    for trial in pruned:
+        assert trial.params["model.optimizer.lr"] == 1e-6
+        assert list(trial.intermediate_values) == [0]  # reported once, then stopped
+        assert "test/acc" not in last_metrics(study_dir(tmp_path) / str(trial.number))  # no test after fit
+    for trial in completed:
+        assert trial.params["model.optimizer.lr"] == 0.01
+        assert list(trial.intermediate_values) == [0, 1, 2]  # every epoch reported
+    statuses = {int(row["job"]): row["status"] for row in read_summary(study_dir(tmp_path))}
+    assert statuses == {t.number: "pruned" for t in pruned} | {t.number: "completed" for t in completed}
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), None])
+def test_a_trial_whose_metric_is_not_a_finite_number_is_failed(value):
+    from hydra.core.utils import JobReturn, JobStatus
+
+    from hydra_plugins.optuna_sweeper.optuna_sweeper import _tell
+
+    study = optuna.create_study(direction="maximize")
+    trial = study.ask()
+    assert _tell(study, trial, JobReturn(status=JobStatus.COMPLETED, _return_value=value)) == TrialState.FAIL
+    assert (
+        study.trials[0].user_attrs["error"]
+        == f"ValueError: the task returned {value!r}, not a finite optimized_metric"
+    )
+
+
+@pytest.mark.slow
+def test_parallel_trials_in_other_processes_report_to_their_own_trial(tmp_path: Path, data_dir: Path):
+    result = optuna_sweep(
+        "hydra/launcher=submitit_local",  # each job in a process of its own
+        "hydra.sweeper.n_jobs=2",
+        "hydra.sweeper.n_trials=2",
+        "trainer.max_epochs=2",
+        log_dir=tmp_path,
+        data_dir=data_dir,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    trials = load_study(tmp_path).trials
+    assert [t.state for t in trials] == [TrialState.COMPLETE, TrialState.COMPLETE]
+    for trial in trials:  # each job found its trial through the study's storage and reported to it
+        assert list(trial.intermediate_values) == [0, 1]
+        assert trial.intermediate_values[1] == pytest.approx(trial.value)
+        assert (study_dir(tmp_path) / str(trial.number) / "result.json").exists()
+
+
+@pytest.mark.slow
+def test_a_pruned_ddp_trial_ends_its_workers_but_not_the_sweep(tmp_path: Path, data_dir: Path):
+    result = optuna_sweep(
+        "trainer=ddp_sim",
+        "trainer.max_epochs=2",
+        "hydra.sweeper.n_trials=2",
+        "model.optimizer.lr=choice(0.000001,0.01)",
+        *THRESHOLD_PRUNER,
+        log_dir=tmp_path,
+        data_dir=data_dir,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    output = result.stdout + result.stderr
+    assert "Forcefully terminating all other processes" not in output  # Lightning did not kill the sweep
+    trials = load_study(tmp_path).trials
+    assert {t.state for t in trials} == {TrialState.PRUNED, TrialState.COMPLETE}
+    assert output.count("[rank: 1] Seed set to") == len(trials)  # each trial started its own worker
+
+
+def test_a_pruning_monitor_that_is_never_logged_fails_the_trial_clearly(tmp_path: Path, data_dir: Path):
+    result = optuna_sweep(
+        "hydra.sweeper.n_trials=1",
+        "hydra.sweeper.max_failure_rate=0",
+        "callbacks.optuna_pruning.monitor=val/acc_bset",
+        log_dir=tmp_path,
+        data_dir=data_dir,
+    )
+    assert result.returncode != 0
+    assert "callbacks.optuna_pruning.monitor=val/acc_bset was not logged; logged: " in result.stderr
+
+
+def test_a_study_is_not_continued_with_another_search_or_direction(tmp_path: Path, data_dir: Path):
+    first = optuna_sweep("hydra.sweeper.n_trials=1", log_dir=tmp_path, data_dir=data_dir)
+    assert first.returncode == 0, first.stderr[-3000:]
+
+    fixed = optuna_sweep(
+        "hydra.sweeper.n_trials=2", "model.net.dropout=0.2", log_dir=tmp_path, data_dir=data_dir
+    )
+    assert fixed.returncode != 0
+    assert "was started with another setup (model.net.dropout: no longer searched)" in fixed.stderr
+    assert "hydra.sweeper.study_name=<new name>" in fixed.stderr
+
+    flipped = optuna_sweep(
+        "hydra.sweeper.n_trials=2", "hydra.sweeper.direction=minimize", log_dir=tmp_path, data_dir=data_dir
+    )
+    assert flipped.returncode != 0
+    assert "direction: maximize -> minimize" in flipped.stderr
+    assert len(load_study(tmp_path).trials) == 1  # nothing ran
+
+
+def test_a_new_study_does_not_overwrite_the_runs_of_an_earlier_one(tmp_path: Path, data_dir: Path):
+    old_run = study_dir(tmp_path) / "0"
+    (old_run / ".hydra").mkdir(parents=True)
+    (old_run / "result.json").write_text("{}")
+    result = optuna_sweep("hydra.sweeper.n_trials=1", log_dir=tmp_path, data_dir=data_dir)
+    assert result.returncode != 0
+    assert f"{study_dir(tmp_path)} already holds the runs 0 of an earlier sweep" in result.stderr
+    assert (old_run / "result.json").read_text() == "{}"
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        (
+            "hydra.sweeper.direction=up",
+            "hydra.sweeper.direction=up is not valid; choose maximize or minimize",
+        ),
+        ("hydra.sweeper.n_trials=0", "hydra.sweeper.n_trials=0 and n_jobs=1 must both be at least 1"),
+        ("hydra.sweeper.max_failure_rate=2", "hydra.sweeper.max_failure_rate=2 must be between 0 and 1"),
+    ],
+)
+def test_bad_sweeper_settings_are_refused_before_any_trial(tmp_path: Path, data_dir: Path, override, message):
+    result = optuna_sweep(override, log_dir=tmp_path, data_dir=data_dir)
+    assert result.returncode != 0
+    assert message in result.stderr
+    assert not study_dir(tmp_path).exists()
+
+
+# --- loggers under a multirun ---
+
+
+@pytest.mark.slow
+def test_each_job_of_a_sweep_is_its_own_wandb_run_in_the_sweeps_group(tmp_path: Path, data_dir: Path):
+    overrides = [*DIGITS_MLP, "model.optimizer.lr=0.001,0.01", "logger=wandb", "logger.wandb.offline=true"]
+    result = run_cli("train", "-m", *overrides, log_dir=tmp_path, data_dir=data_dir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    sweep = only_sweep_dir(tmp_path)
+    groups, ids = [], set()
+    for job in ("0", "1"):
+        (run_file,) = (sweep / job / "wandb").glob("offline-run-*/run-*.wandb")
+        (run,) = [r.run for r in wandb_records(run_file) if r.WhichOneof("record_type") == "run"]
+        groups.append(run.run_group)
+        ids.add(run.run_id)
+    assert groups == [sweep.name, sweep.name] and len(ids) == 2
