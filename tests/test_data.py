@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
+from src.data.classification_datamodule import split_batch_size
 from src.data.digits_datamodule import DigitsDataModule
-from src.data.in_memory_datamodule import split_batch_size
 from src.data.mnist5k_datamodule import MNIST5kDataModule
 from src.data.mnist_datamodule import MNISTDataModule
 

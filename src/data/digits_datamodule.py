@@ -3,7 +3,8 @@
 import torch
 from torch.utils.data import Dataset
 
-from src.data.in_memory_datamodule import InMemoryDataModule, normalized_dataset, seeded_split
+from src.data.classification_datamodule import seeded_split
+from src.data.in_memory_datamodule import InMemoryDataModule, normalized_dataset
 
 
 class DigitsDataModule(InMemoryDataModule):

@@ -12,7 +12,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from src.data.in_memory_datamodule import InMemoryDataModule, normalized_dataset, seeded_split
+from src.data.classification_datamodule import seeded_split
+from src.data.in_memory_datamodule import InMemoryDataModule, normalized_dataset
 
 log = logging.getLogger(__name__)
 

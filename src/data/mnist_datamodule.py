@@ -5,7 +5,8 @@ from typing import Any
 
 from torch.utils.data import Dataset
 
-from src.data.in_memory_datamodule import InMemoryDataModule, normalized_dataset, seeded_split
+from src.data.classification_datamodule import seeded_split
+from src.data.in_memory_datamodule import InMemoryDataModule, normalized_dataset
 
 IDX_FILES = (
     "train-images-idx3-ubyte",

@@ -1,0 +1,131 @@
+"""Shared base of the classification datamodules: splits, the per-device batch size, DataLoader settings."""
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader, Dataset, Subset, random_split
+
+
+def split_batch_size(batch_size: int, world_size: int) -> int:
+    """Split a global batch size evenly across devices, so results do not depend on the device count."""
+    if batch_size <= 0:
+        raise ValueError(f"data.batch_size={batch_size} must be a positive integer")
+    if batch_size % world_size:
+        raise ValueError(
+            f"data.batch_size={batch_size} is not divisible by {world_size} devices; "
+            f"choose a multiple of {world_size} (it is the global batch, split across devices)"
+        )
+    return batch_size // world_size
+
+
+def seeded_split(dataset: Dataset, lengths: Sequence[int | float], seed: int, name: str) -> list[Subset]:
+    """Split `dataset` by sizes or fractions, the same way on every run and every rank."""
+    total = len(dataset)
+    is_fractions = all(isinstance(n, float) for n in lengths)
+    if (is_fractions and abs(sum(lengths) - 1.0) > 1e-6) or (not is_fractions and sum(lengths) != total):
+        raise ValueError(
+            f"data.split={list(lengths)} does not fit {name}, which has {total} samples; "
+            f"give integer sizes that sum to {total} or fractions that sum to 1.0"
+        )
+    return random_split(dataset, list(lengths), generator=torch.Generator().manual_seed(seed))
+
+
+class ClassificationDataModule(L.LightningDataModule):
+    """Base LightningDataModule for (image, label) datasets: subclasses implement `load_datasets`.
+
+    `batch_size` is the global batch size; each of the world's processes loads `batch_size / world_size`.
+    The DataLoader settings are documented in configs/data/mnist5k.yaml. `drop_last` applies to the
+    training loader only: validation and test always see every sample.
+    """
+
+    name: str = "dataset"
+
+    def __init__(
+        self,
+        num_classes: int,
+        input_shape: Sequence[int],
+        split: Sequence[int | float],
+        split_seed: int = 42,
+        batch_size: int = 64,
+        num_workers: int = 0,
+        pin_memory: bool = False,
+        persistent_workers: bool = False,
+        prefetch_factor: int | None = None,
+        drop_last: bool = False,
+    ) -> None:
+        super().__init__()
+        if num_workers < 0:
+            raise ValueError(f"data.num_workers={num_workers} must be 0 (load in the main process) or more")
+        if prefetch_factor is not None and prefetch_factor < 1:
+            raise ValueError(f"data.prefetch_factor={prefetch_factor} must be at least 1 (or null)")
+        # Every __init__ argument of the subclass too (Lightning collects them): stored in checkpoints.
+        self.save_hyperparameters(logger=False)
+        self.data_train: Dataset | None = None
+        self.data_val: Dataset | None = None
+        self.data_test: Dataset | None = None
+        self.batch_size_per_device = batch_size
+        self.collate_fn: Callable[[list[Any]], Any] | None = None  # None: PyTorch's default collate
+
+    def load_datasets(self) -> tuple[Dataset, Dataset, Dataset]:
+        """Return the (train, val, test) datasets of (float image, int64 label) samples."""
+        raise NotImplementedError
+
+    def setup(self, stage: str | None = None) -> None:
+        world_size = self.trainer.world_size if self.trainer is not None else 1
+        self.batch_size_per_device = split_batch_size(self.hparams.batch_size, world_size)
+        if self.data_train is None:
+            self.data_train, self.data_val, self.data_test = self.load_datasets()
+            for split, dataset in (
+                ("train", self.data_train),
+                ("val", self.data_val),
+                ("test", self.data_test),
+            ):
+                if len(dataset) == 0:
+                    raise ValueError(
+                        f"the {split} split of {self.name} is empty; check data.split and its files"
+                    )
+            self._check_shapes(self.data_train)
+
+    def _check_shapes(self, dataset: Dataset) -> None:
+        image = dataset[0][0]
+        if list(image.shape) != list(self.hparams.input_shape):
+            raise ValueError(
+                f"data.input_shape={list(self.hparams.input_shape)} but {self.name} images have shape "
+                f"{list(image.shape)}; fix data.input_shape in the data config"
+            )
+
+    def _check_labels(self, labels: torch.Tensor) -> None:
+        found = int(labels.max()) + 1
+        if found != self.hparams.num_classes:
+            raise ValueError(
+                f"data.num_classes={self.hparams.num_classes} but {self.name} has {found} classes; "
+                f"fix data.num_classes in the data config"
+            )
+
+    def _loader(self, dataset: Dataset | None, train: bool) -> DataLoader:
+        if dataset is None:
+            raise RuntimeError(f"{type(self).__name__}.setup() must run before asking for a DataLoader")
+        workers = self.hparams.num_workers
+        return DataLoader(
+            dataset,
+            batch_size=self.batch_size_per_device,
+            shuffle=train,
+            drop_last=train and self.hparams.drop_last,
+            collate_fn=self.collate_fn,
+            num_workers=workers,
+            pin_memory=self.hparams.pin_memory,
+            # DataLoader refuses both without worker processes: only pass them when there are some.
+            persistent_workers=self.hparams.persistent_workers and workers > 0,
+            prefetch_factor=self.hparams.prefetch_factor if workers > 0 else None,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader(self.data_train, train=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader(self.data_val, train=False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader(self.data_test, train=False)
