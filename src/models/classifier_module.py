@@ -66,8 +66,8 @@ class ClassifierModule(L.LightningModule):
     def forward(self, x: Tensor) -> Tensor:
         return self.net(x)
 
-    def _shared_step(self, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
-        x, y = batch
+    def _shared_step(self, batch: tuple[Tensor, ...]) -> tuple[Tensor, Tensor, Tensor]:
+        x, y = batch[0], batch[1]  # data.collate=pad adds the images' original sizes as a third item
         logits = self(x)
         return F.cross_entropy(logits, y), logits.argmax(dim=1), y
 
@@ -77,7 +77,7 @@ class ClassifierModule(L.LightningModule):
         self.val_acc.reset()
         self.val_acc_best.reset()
 
-    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+    def training_step(self, batch: tuple[Tensor, ...], batch_idx: int) -> Tensor:
         loss, preds, targets = self._shared_step(batch)
         self.train_loss(loss)
         self.train_acc(preds, targets)
@@ -85,7 +85,7 @@ class ClassifierModule(L.LightningModule):
         self.log("train/acc", self.train_acc, on_step=False, on_epoch=True, prog_bar=True)
         return loss
 
-    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+    def validation_step(self, batch: tuple[Tensor, ...], batch_idx: int) -> None:
         loss, preds, targets = self._shared_step(batch)
         self.val_loss(loss)
         self.val_acc(preds, targets)
@@ -96,7 +96,7 @@ class ClassifierModule(L.LightningModule):
         self.val_acc_best(self.val_acc.compute())  # compute() is synced across ranks
         self.log("val/acc_best", self.val_acc_best.compute(), sync_dist=True, prog_bar=True)
 
-    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+    def test_step(self, batch: tuple[Tensor, ...], batch_idx: int) -> None:
         loss, preds, targets = self._shared_step(batch)
         self.test_loss(loss)
         self.test_acc(preds, targets)

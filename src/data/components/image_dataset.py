@@ -1,0 +1,68 @@
+"""A Dataset of image files with labels: decoded with PIL, transformed by torchvision's transforms v2."""
+
+import logging
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+from PIL import Image
+from torch.utils.data import Dataset
+from torchvision.transforms import v2
+
+log = logging.getLogger(__name__)
+
+# What PIL raises for a file that is not an image, is truncated, or is too large to be safe.
+UNREADABLE = (OSError, ValueError, SyntaxError, Image.DecompressionBombError)
+
+
+def default_transform() -> v2.Transform:
+    """PIL image to a float32 tensor in [0, 1]: what every transform pipeline needs at least."""
+    return v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=True)])
+
+
+class ImageDataset(Dataset):
+    """(path, label) pairs; an item is `(transform(image), label)`.
+
+    `mode` is PIL's colour mode every image is converted to ("RGB", "L" for grayscale), so a folder that
+    mixes grayscale and colour files still gives tensors of one shape. An unreadable file raises an error
+    naming it (`readable` filters such files out beforehand, for data.skip_corrupt=true).
+    """
+
+    def __init__(
+        self,
+        samples: Sequence[tuple[Path, int]],
+        transform: Callable[[Image.Image], torch.Tensor] | None = None,
+        mode: str = "RGB",
+    ) -> None:
+        self.samples = list(samples)
+        self.transform = transform or default_transform()
+        self.mode = mode
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        path, label = self.samples[index]
+        try:
+            with Image.open(path) as file:
+                image = file.convert(self.mode)  # decodes the whole file: a truncated one fails here
+        except UNREADABLE as err:
+            raise RuntimeError(
+                f"cannot read image {path} ({err}); replace or remove it, or set data.skip_corrupt=true "
+                "to skip unreadable images"
+            ) from err
+        return self.transform(image), label
+
+
+def readable(paths: Sequence[Path]) -> list[bool]:
+    """Whether each file decodes as an image: one full decode per file, for data.skip_corrupt=true."""
+    flags = []
+    for path in paths:
+        try:
+            with Image.open(path) as file:
+                file.load()
+            flags.append(True)
+        except UNREADABLE as err:
+            log.debug(f"{path} is unreadable: {err}")
+            flags.append(False)
+    return flags

@@ -1,0 +1,230 @@
+"""Your own images: a folder of image files plus a label file, or one folder per class (`data=image_folder`).
+
+Everything is checked before training starts: the label files parse, every class is known, every listed
+image exists, no split is empty. The class names (index i = class_names[i]) are stored in the datamodule's
+hyperparameters, so every checkpoint carries them, and written to <run dir>/class_names.json.
+"""
+
+import json
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from hydra.utils import instantiate
+from torch.utils.data import Dataset
+
+from src.data.classification_datamodule import ClassificationDataModule
+from src.data.components.collate import COLLATES
+from src.data.components.image_dataset import ImageDataset, default_transform, readable
+from src.data.components.labels import (
+    ClassIndex,
+    Sample,
+    check_images_exist,
+    read_label_file,
+    scan_class_folders,
+)
+
+log = logging.getLogger(__name__)
+
+LAYOUTS = ("label_file", "class_folders")
+STAGES = ("train", "val", "test")
+
+
+class ImageFolderDataModule(ClassificationDataModule):
+    """Image files with labels from a CSV (`layout=label_file`) or from class folders (`layout=class_folders`).
+
+    Every argument is documented in configs/data/image_folder.yaml. `transforms` holds one transforms-v2
+    config per stage (plain data, instantiated here, so checkpoints stay loadable with weights_only=True).
+    """
+
+    name = "image folder"
+
+    def __init__(
+        self,
+        image_dir: str,
+        num_classes: int,
+        input_shape: Sequence[int],
+        layout: str = "label_file",
+        label_file: str | None = None,
+        val_label_file: str | None = None,
+        test_label_file: str | None = None,
+        val_dir: str | None = None,
+        test_dir: str | None = None,
+        header: bool | str = "auto",
+        image_column: int | str = 0,
+        label_column: int | str = 1,
+        class_names: Sequence[str] | None = None,
+        split: Sequence[int | float] = (0.8, 0.1, 0.1),
+        split_seed: int = 42,
+        image_mode: str = "RGB",
+        mean: Sequence[float] | None = None,
+        std: Sequence[float] | None = None,
+        transforms: dict[str, Any] | None = None,
+        collate: str = "stack",
+        skip_corrupt: bool = False,
+        batch_size: int = 64,
+        num_workers: int = 0,
+        pin_memory: bool = False,
+        persistent_workers: bool = False,
+        prefetch_factor: int | None = None,
+        drop_last: bool = False,
+    ) -> None:
+        if layout not in LAYOUTS:
+            raise ValueError(f"data.layout={layout} is not valid; choose {' or '.join(LAYOUTS)}")
+        if collate not in COLLATES:
+            raise ValueError(f"data.collate={collate} is not valid; choose {' or '.join(COLLATES)}")
+        if layout == "label_file" and not label_file:
+            raise ValueError("data.layout=label_file needs data.label_file (a CSV of image name, label)")
+        other_layout = (
+            {"val_dir": val_dir, "test_dir": test_dir}
+            if layout == "label_file"
+            else {
+                "label_file": label_file,
+                "val_label_file": val_label_file,
+                "test_label_file": test_label_file,
+            }
+        )
+        for key, value in other_layout.items():
+            if value:
+                raise ValueError(f"data.{key}={value} does not apply to data.layout={layout}; set it to null")
+        unknown = set(transforms or {}) - set(STAGES)
+        if unknown:
+            raise ValueError(f"data.transforms has {sorted(unknown)}; its keys are {', '.join(STAGES)}")
+        if len(split) != 3:
+            raise ValueError(f"data.split={list(split)} needs 3 entries: the train, val and test shares")
+        super().__init__(
+            num_classes=num_classes,
+            input_shape=input_shape,
+            split=split,
+            split_seed=split_seed,
+            batch_size=batch_size,
+            num_workers=num_workers,
+            pin_memory=pin_memory,
+            persistent_workers=persistent_workers,
+            prefetch_factor=prefetch_factor,
+            drop_last=drop_last,
+        )
+        self.collate_fn = COLLATES[collate]
+
+    def load_datasets(self) -> tuple[Dataset, Dataset, Dataset]:
+        pool = self._listed("train")
+        if not pool:
+            raise ValueError(f"{self._source()} lists no images; data.image_dir={self.hparams.image_dir}")
+        index = ClassIndex.infer(pool, self.hparams.num_classes, self.hparams.class_names)
+        separate = {stage: self._listed(stage) for stage in ("val", "test")}
+        check_images_exist(pool + [s for samples in separate.values() if samples for s in samples])
+        if self.hparams.skip_corrupt:
+            pool, separate = (
+                self._without_unreadable(pool),
+                {k: v and self._without_unreadable(v) for k, v in separate.items()},
+            )
+        labelled = {
+            stage: [(s.path, index(s)) for s in samples] for stage, samples in separate.items() if samples
+        }
+        drawn = self._split([(s.path, index(s)) for s in pool], has_own={s for s in separate if separate[s]})
+        self.hparams.class_names = index.names  # saved with every checkpoint
+        self._write_class_names(index.names)
+        return tuple(
+            ImageDataset(
+                labelled.get(stage, drawn[stage]),
+                transform=self._transform(stage),
+                mode=self.hparams.image_mode,
+            )
+            for stage in STAGES
+        )
+
+    def _listed(self, stage: str) -> list[Sample] | None:
+        """The samples of `stage`'s own source (None when it has none and is drawn from the train pool)."""
+        hp = self.hparams
+        if hp.layout == "class_folders":
+            folder = {"train": hp.image_dir, "val": hp.val_dir, "test": hp.test_dir}[stage]
+            return scan_class_folders(folder) if folder else None
+        label_file = {"train": hp.label_file, "val": hp.val_label_file, "test": hp.test_label_file}[stage]
+        if not label_file:
+            return None
+        return read_label_file(label_file, hp.image_dir, hp.image_column, hp.label_column, hp.header)
+
+    def _without_unreadable(self, samples: list[Sample]) -> list[Sample]:
+        """The samples whose files decode (data.skip_corrupt=true); one warning counts the others."""
+        flags = readable([sample.path for sample in samples])
+        skipped = [sample for sample, ok in zip(samples, flags, strict=True) if not ok]
+        if skipped:
+            names = ", ".join(str(sample.path) for sample in skipped[:5]) + (
+                ", ..." if len(skipped) > 5 else ""
+            )
+            log.warning(
+                f"Skipped {len(skipped)} unreadable image(s) of {len(samples)} (data.skip_corrupt=true): {names}"
+            )
+        return [sample for sample, ok in zip(samples, flags, strict=True) if ok]
+
+    def _source(self) -> str:
+        """The training source, as the config key that names it."""
+        hp = self.hparams
+        return (
+            f"data.image_dir={hp.image_dir}"
+            if hp.layout == "class_folders"
+            else f"data.label_file={hp.label_file}"
+        )
+
+    def _split(self, pool: list[tuple[Path, int]], has_own: set[str]) -> dict[str, list[tuple[Path, int]]]:
+        """Draw train/val/test from the pool by `split` (sizes or fractions), the same on every run and rank.
+
+        A stage with a source of its own must get a share of 0, so that no image is silently left out.
+        """
+        shares = list(self.hparams.split)
+        for i, stage in enumerate(STAGES):
+            if stage in has_own and shares[i]:
+                fixed = [0 if STAGES[j] in has_own else share for j, share in enumerate(shares)]
+                raise ValueError(
+                    f"data.split={shares} draws a {stage} share from the training labels, but {stage} has its "
+                    f"own {'folder' if self.hparams.layout == 'class_folders' else 'label file'}; give it 0, "
+                    f"e.g. data.split={fixed} (the other shares must still fill the pool)"
+                )
+        total = len(pool)
+        if all(isinstance(share, int) for share in shares):
+            if sum(shares) != total:
+                raise ValueError(f"data.split={shares} must sum to the {total} images of {self._source()}")
+            sizes = shares
+        else:
+            if abs(sum(shares) - 1.0) > 1e-6 or min(shares) < 0:
+                raise ValueError(f"data.split={shares}: fractions must be at least 0 and sum to 1.0")
+            sizes = [int(share * total) for share in shares]
+            sizes[0] += total - sum(sizes)  # rounding leftovers go to train
+        order = torch.randperm(
+            total, generator=torch.Generator().manual_seed(self.hparams.split_seed)
+        ).tolist()
+        bounds = [0, sizes[0], sizes[0] + sizes[1], total]
+        return {stage: [pool[j] for j in order[bounds[i] : bounds[i + 1]]] for i, stage in enumerate(STAGES)}
+
+    def _transform(self, stage: str) -> Any:
+        configs = self.hparams.transforms or {}
+        config = configs.get(stage) or (configs.get("val") if stage == "test" else None)
+        if config is None:
+            return default_transform()
+        return instantiate(config)
+
+    def _check_shapes(self, dataset: Dataset) -> None:
+        image = next(item for item in (dataset[i] for i in range(len(dataset))) if item is not None)[0]
+        expected = list(self.hparams.input_shape)
+        if self.hparams.collate == "pad":  # sizes vary by design; only the channels must match
+            if image.shape[0] != expected[0]:
+                raise ValueError(
+                    f"data.input_shape={expected} has {expected[0]} channels but the images have "
+                    f"{image.shape[0]} (data.image_mode={self.hparams.image_mode}); make them agree"
+                )
+        elif list(image.shape) != expected:
+            raise ValueError(
+                f"data.input_shape={expected} but the transformed training images have shape "
+                f"{list(image.shape)}; resize them in data.transforms or fix data.input_shape"
+            )
+
+    def _write_class_names(self, names: list[str]) -> None:
+        trainer = self.trainer
+        if trainer is None or not trainer.is_global_zero:
+            return
+        path = Path(trainer.default_root_dir) / "class_names.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(names, indent=1) + "\n")
+        log.info(f"{len(names)} classes (index i = class_names[i]) written to {path}")
