@@ -1,0 +1,453 @@
+"""data=image_folder: your own image files with a label file or class folders, checked before training."""
+
+import json
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate
+from PIL import Image
+
+from src.data.components.collate import pad_collate
+from tests.conftest import ROOT, last_metrics, only_run_dir, run_cli
+
+SIZES = [(20, 24), (32, 32), (40, 28)]  # (width, height): mixed on purpose
+
+
+def write_image(path: Path, size: tuple[int, int] = (32, 32), mode: str = "RGB", seed: int = 0) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pixels = np.random.default_rng(seed).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
+    Image.fromarray(pixels).convert(mode).save(path)
+    return path
+
+
+def write_label_folder(
+    root: Path, labels: list[str], header: str | None = "image,label", start: int = 0
+) -> Path:
+    """`root/img_<i>.png|jpg` of mixed sizes, modes and formats, and `root/labels.csv` (returned)."""
+    lines = [header] if header else []
+    for i, label in enumerate(labels, start=start):
+        name = f"img_{i}.{'jpg' if i % 2 else 'png'}"
+        write_image(root / name, SIZES[i % 3], mode="L" if i % 4 == 3 else "RGB", seed=i)
+        lines.append(f"{name},{label}")
+    csv_file = root / f"labels_{start}.csv"
+    csv_file.write_text("\n".join(lines) + "\n")
+    return csv_file
+
+
+@pytest.fixture
+def image_folder(compose_cfg, tmp_path: Path):
+    """Build the datamodule from configs/data/image_folder.yaml with overrides, as the builder does."""
+
+    def _build(*overrides: str, setup: bool = True):
+        cfg = compose_cfg("train", ["data=image_folder", f"data.image_dir={tmp_path}", *overrides])
+        datamodule = instantiate(cfg.data, _convert_="all")
+        if setup:
+            datamodule.setup("fit")
+        return datamodule
+
+    return _build
+
+
+def labels_of(dataset) -> list[int]:
+    return [label for _, label in dataset.samples]
+
+
+# --- reading labels and splitting ---
+
+
+def test_a_label_file_with_class_names_is_split_by_fractions(image_folder, tmp_path: Path):
+    names = ["cat", "dog", "emu", "fox"] * 5
+    labels = write_label_folder(tmp_path, names)
+    dm = image_folder(f"data.label_file={labels}", "data.num_classes=4", "data.split=[0.6,0.2,0.2]")
+    assert (len(dm.data_train), len(dm.data_val), len(dm.data_test)) == (12, 4, 4)
+    assert dm.hparams.class_names == ["cat", "dog", "emu", "fox"]  # sorted names -> 0..3
+    everything = dm.data_train.samples + dm.data_val.samples + dm.data_test.samples
+    assert sorted(label for _, label in everything) == sorted([0, 1, 2, 3] * 5)
+    for path, label in everything:  # every image keeps its own label
+        line = next(line for line in labels.read_text().splitlines() if line.startswith(path.name + ","))
+        assert ["cat", "dog", "emu", "fox"][label] == line.split(",")[1]
+    again = image_folder(f"data.label_file={labels}", "data.num_classes=4", "data.split=[0.6,0.2,0.2]")
+    assert again.data_test.samples == dm.data_test.samples  # the same split every time
+
+
+def test_headerless_integer_labels_and_separate_val_and_test_files(image_folder, tmp_path: Path):
+    train = write_label_folder(tmp_path, ["0", "1", "2"] * 4, header=None)
+    val = write_label_folder(tmp_path, ["2", "1"], header=None, start=100)
+    test = write_label_folder(tmp_path, ["0", "0", "2"], header=None, start=200)
+    dm = image_folder(
+        f"data.label_file={train}",
+        f"data.val_label_file={val}",
+        f"data.test_label_file={test}",
+        "data.num_classes=3",
+        "data.split=[1.0,0.0,0.0]",
+    )
+    assert (len(dm.data_train), len(dm.data_val), len(dm.data_test)) == (12, 2, 3)
+    assert labels_of(dm.data_val) == [2, 1] and labels_of(dm.data_test) == [0, 0, 2]
+    assert dm.hparams.class_names == ["0", "1", "2"]
+
+
+def test_columns_by_header_name_and_class_names_in_config_order(image_folder, tmp_path: Path):
+    lines = ["label,notes,file"]
+    for i, label in enumerate(["dog", "cat", "dog", "cat", "dog"]):
+        write_image(tmp_path / f"{i}.png", seed=i)
+        lines.append(f"{label},anything,{i}.png")
+    (tmp_path / "meta.csv").write_text("\n".join(lines) + "\n")
+    dm = image_folder(
+        f"data.label_file={tmp_path / 'meta.csv'}",
+        "data.image_column=file",
+        "data.label_column=label",
+        "data.num_classes=2",
+        "data.class_names=[dog,cat]",
+        "data.split=[3,1,1]",
+    )
+    assert dm.hparams.class_names == ["dog", "cat"]
+    everything = dm.data_train.samples + dm.data_val.samples + dm.data_test.samples
+    assert {(p.name, label) for p, label in everything} == {
+        ("0.png", 0),
+        ("1.png", 1),
+        ("2.png", 0),
+        ("3.png", 1),
+        ("4.png", 0),
+    }
+
+
+def test_class_folders_with_their_own_val_and_test_folders(image_folder, tmp_path: Path):
+    for split, count in (("train", 4), ("val", 1), ("test", 2)):
+        for name in ("apple", "pear"):
+            for i in range(count):
+                write_image(tmp_path / split / name / "sub" / f"{i}.jpg", SIZES[i % 3], seed=i)
+    (tmp_path / "train" / "notes.txt").write_text("not an image")
+    dm = image_folder(
+        "data.layout=class_folders",
+        "data.label_file=null",
+        f"data.image_dir={tmp_path / 'train'}",
+        f"data.val_dir={tmp_path / 'val'}",
+        f"data.test_dir={tmp_path / 'test'}",
+        "data.num_classes=2",
+        "data.split=[1.0,0.0,0.0]",
+    )
+    assert (len(dm.data_train), len(dm.data_val), len(dm.data_test)) == (8, 2, 4)
+    assert dm.hparams.class_names == ["apple", "pear"]
+    assert sorted(labels_of(dm.data_test)) == [0, 0, 1, 1]
+
+
+# --- transforms, batches and DataLoader settings ---
+
+
+def test_the_config_transforms_give_input_shape_float_tensors(image_folder, tmp_path: Path):
+    labels = write_label_folder(tmp_path, ["a", "b"] * 4)
+    dm = image_folder(
+        f"data.label_file={labels}", "data.num_classes=2", "data.input_shape=[3,16,16]", "data.split=[4,2,2]"
+    )
+    images, targets = next(iter(dm.train_dataloader()))
+    assert images.shape == (4, 3, 16, 16) and images.dtype == torch.float32
+    assert targets.dtype == torch.long
+    assert images.mean().abs() < 3  # normalised, not 0..255
+    val_images, _ = next(iter(dm.val_dataloader()))
+    assert val_images.shape == (2, 3, 16, 16)
+    grayscale = image_folder(
+        f"data.label_file={labels}",
+        "data.num_classes=2",
+        "data.image_mode=L",
+        "data.input_shape=[1,16,16]",
+        "data.mean=[0.5]",
+        "data.std=[0.25]",
+        "data.split=[4,2,2]",
+    )
+    assert next(iter(grayscale.test_dataloader()))[0].shape == (2, 1, 16, 16)  # test uses val's transforms
+
+
+def test_pad_collate_pads_to_the_largest_image_and_returns_the_sizes(image_folder, tmp_path: Path):
+    batch = [(torch.ones(3, 24, 20), 0), (torch.ones(3, 32, 32), 1), (torch.ones(3, 28, 40), 2)]
+    images, labels, sizes = pad_collate(batch)
+    assert images.shape == (3, 3, 32, 40)
+    assert sizes.tolist() == [[24, 20], [32, 32], [28, 40]] and labels.tolist() == [0, 1, 2]
+    assert images[0, :, :24, :20].eq(1).all() and images[0, :, 24:, :].eq(0).all()  # padded with zeros
+
+    labels_csv = write_label_folder(tmp_path, ["a", "b", "c"] * 3)
+    dm = image_folder(
+        f"data.label_file={labels_csv}",
+        "data.num_classes=3",
+        "data.collate=pad",
+        "data.transforms.train=null",  # no resize: each image keeps its size
+        "data.transforms.val=null",
+        "data.split=[3,3,3]",
+        "data.batch_size=3",
+    )
+    for loader in (dm.train_dataloader(), dm.val_dataloader(), dm.test_dataloader()):
+        images, labels, sizes = next(iter(loader))
+        assert images.shape[:2] == (3, 3) and images.shape[2:] == tuple(sizes.max(dim=0).values.tolist())
+        assert {tuple(size) for size in sizes.tolist()} <= {(h, w) for w, h in SIZES}  # the original sizes
+
+
+def test_images_of_mixed_sizes_without_resize_or_pad_get_a_clear_error(image_folder, tmp_path: Path):
+    labels_csv = write_label_folder(tmp_path, ["a", "b", "c"] * 3)
+    overrides = [
+        "data.num_classes=3",
+        "data.transforms.train=null",
+        "data.split=[3,3,3]",
+        "data.batch_size=3",
+    ]
+    with pytest.raises(
+        ValueError, match=r"data.input_shape=\[3, 64, 64\] but the transformed training images"
+    ):
+        image_folder(f"data.label_file={labels_csv}", *overrides)
+    dm = image_folder(f"data.label_file={labels_csv}", *overrides, "data.input_shape=[3,24,20]", setup=False)
+    dm.setup("fit")
+    with pytest.raises(
+        ValueError, match=r"a batch holds images of different shapes .* or set data.collate=pad"
+    ):
+        next(iter(dm.train_dataloader()))
+
+
+def test_an_empty_split_is_refused(image_folder, tmp_path: Path):
+    labels_csv = write_label_folder(tmp_path, ["a", "b"] * 2)
+    with pytest.raises(ValueError, match=r"the test split of image folder is empty; check data.split"):
+        image_folder(f"data.label_file={labels_csv}", "data.num_classes=2", "data.split=[0.5,0.5,0.0]")
+
+
+def test_a_mixed_size_folder_trains_with_pad_collate_and_the_cnn(compose_cfg, tmp_path: Path):
+    from src.builder import build
+
+    labels = write_label_folder(tmp_path, ["a", "b", "c"] * 4)
+    cfg = compose_cfg(
+        "train",
+        [
+            "data=image_folder",
+            f"data.image_dir={tmp_path}",
+            f"data.label_file={labels}",
+            "data.num_classes=3",
+            "data.collate=pad",
+            "data.transforms.train=null",
+            "data.transforms.val=null",
+            "data.batch_size=4",
+            "debug=fdr",
+            "extras.print_config=false",
+        ],
+    )
+    with build(cfg) as run:
+        run.trainer.fit(run.model, datamodule=run.datamodule)
+        images, _, sizes = next(iter(run.datamodule.train_dataloader()))
+    assert run.trainer.state.finished and "train/loss" in run.trainer.callback_metrics
+    assert images.shape[-2:] == tuple(sizes.max(dim=0).values.tolist())
+
+
+def test_dataloader_settings_are_safe_without_worker_processes(image_folder, tmp_path: Path):
+    labels = write_label_folder(tmp_path, ["a", "b"] * 5)
+    common = [f"data.label_file={labels}", "data.num_classes=2", "data.split=[6,2,2]", "data.batch_size=4"]
+    dm = image_folder(*common, "data.num_workers=0", "data.persistent_workers=true", "data.prefetch_factor=4")
+    loader = dm.train_dataloader()
+    assert loader.num_workers == 0 and loader.prefetch_factor is None and not loader.persistent_workers
+    assert len(list(loader)) == 2  # 6 images in batches of 4: the last one is kept
+    dm = image_folder(
+        *common,
+        "data.num_workers=2",
+        "data.persistent_workers=true",
+        "data.prefetch_factor=4",
+        "data.drop_last=true",
+    )
+    loader = dm.train_dataloader()
+    assert (loader.num_workers, loader.prefetch_factor, loader.persistent_workers) == (2, 4, True)
+    assert [len(y) for _, y in loader] == [4]  # the incomplete batch is dropped (training only)
+    assert sum(len(y) for _, y in dm.val_dataloader()) == 2
+
+
+# --- bad data, each caught with a message that says where ---
+
+
+def test_a_line_that_does_not_parse_names_the_file_and_line(image_folder, tmp_path: Path):
+    labels = write_label_folder(tmp_path, ["a", "b", "a"])
+    labels.write_text(labels.read_text() + "img_9.png\n")
+    with pytest.raises(ValueError, match=rf"{labels}, line 5: expected at least 2 comma-separated fields"):
+        image_folder(f"data.label_file={labels}", "data.num_classes=2")
+
+
+def test_a_missing_image_is_named_before_training(image_folder, tmp_path: Path):
+    labels = write_label_folder(tmp_path, ["a", "b", "a", "b"])
+    (tmp_path / "img_2.png").unlink()
+    with pytest.raises(FileNotFoundError, match=rf"line 4: image {tmp_path / 'img_2.png'} does not exist"):
+        image_folder(f"data.label_file={labels}", "data.num_classes=2", "data.split=[2,1,1]")
+
+
+def test_a_corrupt_image_fails_with_its_name_or_is_skipped_and_counted(image_folder, tmp_path: Path, caplog):
+    labels = write_label_folder(tmp_path, ["a", "b"] * 4)
+    (tmp_path / "img_4.png").write_bytes(b"\x89PNG\r\n\x1a\n truncated")
+    common = [f"data.label_file={labels}", "data.num_classes=2", "data.split=[6,1,1]", "data.batch_size=8"]
+
+    def read_everything(dm) -> int:
+        return sum(
+            len(y)
+            for loader in (dm.train_dataloader(), dm.val_dataloader(), dm.test_dataloader())
+            for _, y in loader
+        )
+
+    with pytest.raises(
+        RuntimeError, match=rf"cannot read image {tmp_path / 'img_4.png'} .*data.skip_corrupt=true"
+    ):
+        read_everything(image_folder(*common))
+    with caplog.at_level(logging.WARNING):  # checked once, before training; the split is drawn from the rest
+        skipping = image_folder(
+            *common[:2], "data.split=[5,1,1]", "data.batch_size=8", "data.skip_corrupt=true"
+        )
+    assert (
+        f"Skipped 1 unreadable image(s) of 8 (data.skip_corrupt=true): {tmp_path / 'img_4.png'}"
+        in caplog.text
+    )
+    assert read_everything(skipping) == 7
+
+
+def test_an_unknown_class_in_the_test_labels_is_refused(image_folder, tmp_path: Path):
+    train = write_label_folder(tmp_path, ["cat", "dog"] * 3)
+    test = write_label_folder(tmp_path, ["cat", "cow"], start=50)
+    with pytest.raises(
+        ValueError, match=rf"{test}, line 3: unknown class 'cow' for img_51.jpg; the classes are cat, dog"
+    ):
+        image_folder(
+            f"data.label_file={train}",
+            f"data.test_label_file={test}",
+            "data.num_classes=2",
+            "data.split=[0.5,0.5,0.0]",
+        )
+
+
+@pytest.mark.parametrize(
+    ("content", "overrides", "error"),
+    [
+        ("", [], r"label file .*labels.csv is empty"),
+        ("image,label\n", [], r"data.label_file=.*labels.csv lists no images"),
+        (
+            "image,label\nimg_0.png,cat\n",
+            ["data.num_classes=3"],
+            r"data.num_classes=3 but the training labels name 1 classes \(cat\)",
+        ),
+        ("image,label\nimg_0.png,7\n", ["data.num_classes=3"], r"line 2: unknown class '7'"),
+        (
+            "image,label\nimg_0.png,cat\n",
+            ["data.image_column=path"],
+            r"data.image_column=path is not a column of .*; its columns are image, label",
+        ),
+        (
+            "img_0.png,cat\n",
+            ["data.label_column=label"],
+            r"data.label_column=label names a column, but .* has no header",
+        ),
+    ],
+)
+def test_bad_label_files_are_refused_with_what_is_wrong(
+    image_folder, tmp_path: Path, content, overrides, error
+):
+    write_image(tmp_path / "img_0.png")
+    (tmp_path / "labels.csv").write_text(content)
+    with pytest.raises(ValueError, match=error):
+        image_folder(f"data.label_file={tmp_path / 'labels.csv'}", "data.num_classes=1", *overrides)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "error"),
+    [
+        (["data.layout=folders"], r"data.layout=folders is not valid; choose label_file or class_folders"),
+        (["data.collate=ragged"], r"data.collate=ragged is not valid; choose stack or pad"),
+        (["data.layout=class_folders"], r"data.label_file=.* does not apply to data.layout=class_folders"),
+        (["data.val_dir=/somewhere"], r"data.val_dir=/somewhere does not apply to data.layout=label_file"),
+        (["data.split=[0.8,0.2]"], r"data.split=\[0.8, 0.2\] needs 3 entries"),
+        (
+            ["+data.transforms.predict=null"],
+            r"data.transforms has \['predict'\]; its keys are train, val, test",
+        ),
+    ],
+)
+def test_bad_settings_are_refused_when_the_datamodule_is_built(image_folder, overrides, error):
+    with pytest.raises(InstantiationException, match=error):  # Hydra's wrapper around the ValueError
+        image_folder(*overrides, setup=False)
+
+
+def test_a_test_share_next_to_a_test_file_is_refused_so_no_image_is_dropped(image_folder, tmp_path: Path):
+    train = write_label_folder(tmp_path, ["a", "b"] * 3)
+    test = write_label_folder(tmp_path, ["a", "b"], start=50)
+    with pytest.raises(ValueError, match=r"draws a test share .*e.g. data.split=\[0.8, 0.1, 0\]"):
+        image_folder(f"data.label_file={train}", f"data.test_label_file={test}", "data.num_classes=2")
+
+
+# --- end to end, as the README tells it ---
+
+
+def make_example_images(out: Path, data_dir: Path, *args: str) -> None:
+    command = [
+        sys.executable,
+        str(ROOT / "scripts" / "make_example_images.py"),
+        f"--out={out}",
+        f"--data-dir={data_dir}",
+    ]
+    result = subprocess.run([*command, *args], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_the_example_script_writes_a_label_file_folder_and_refuses_to_overwrite(
+    tmp_path: Path, data_dir: Path
+):
+    out = tmp_path / "mnist_images"
+    make_example_images(out, data_dir, "--count=60", "--test=10")
+    assert len(list((out / "images").glob("*.png"))) == 60
+    train_lines = (out / "train.csv").read_text().splitlines()
+    assert train_lines[0] == "image,label" and len(train_lines) == 51
+    sizes = {Image.open(p).size for p in (out / "images").glob("*.png")}
+    assert len(sizes) > 1 and all(28 <= w == h <= 40 for w, h in sizes)  # mixed sizes
+    again = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "make_example_images.py"), f"--out={out}"],
+        capture_output=True,
+        text=True,
+    )
+    assert again.returncode != 0 and "already exists" in again.stderr
+
+    folders = tmp_path / "class_folders"
+    make_example_images(folders, data_dir, "--count=60", "--test=10", "--layout=class_folders")
+    assert sorted(p.name for p in (folders / "train").iterdir()) == sorted(
+        ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
+    )
+    assert len(list((folders / "test").glob("*/*.png"))) == 10
+
+
+def test_the_image_folder_experiment_runs_end_to_end(tmp_path: Path, data_dir: Path):
+    make_example_images(tmp_path / "data" / "mnist_images", data_dir, "--count=200", "--test=40")
+    result = run_cli(
+        "train", "experiment=mnist_images", "debug=fdr", log_dir=tmp_path / "logs", data_dir=tmp_path / "data"
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    run_dir = only_run_dir(tmp_path / "logs", "debug")
+    assert json.loads((run_dir / "class_names.json").read_text())[:3] == ["zero", "one", "two"]
+
+
+@pytest.mark.slow
+def test_the_image_folder_example_trains_to_90_percent_and_its_checkpoint_knows_the_classes(
+    tmp_path: Path, data_dir: Path
+):
+    make_example_images(tmp_path / "data" / "mnist_images", data_dir, "--layout=label_file")
+    result = run_cli(
+        "train", "experiment=mnist_images", log_dir=tmp_path / "logs", data_dir=tmp_path / "data", timeout=600
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    run_dir = only_run_dir(tmp_path / "logs")
+    assert last_metrics(run_dir)["test/acc"] >= 0.90
+    checkpoint = torch.load(run_dir / "checkpoints" / "best.ckpt", weights_only=True)  # plain data only
+    datamodule = checkpoint["datamodule_hyper_parameters"]
+    assert datamodule["class_names"] == [
+        "zero",
+        "one",
+        "two",
+        "three",
+        "four",
+        "five",
+        "six",
+        "seven",
+        "eight",
+        "nine",
+    ]
+    assert (
+        datamodule["transforms"]["val"]["_target_"] == "torchvision.transforms.v2.Compose"
+    )  # the preprocessing
