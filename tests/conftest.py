@@ -19,6 +19,10 @@ import src  # noqa: F401 - registers the config resolvers
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG_DIR = ROOT / "configs"
 
+# `make test` runs two test processes (pytest -n 2), each starting training processes: with one thread
+# per process instead of one per core they do not oversubscribe the cores (5 min instead of 6.5 on 2 cores).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 # wandb must never ask for a login or reach the network in tests.
 os.environ["WANDB_MODE"] = "offline"
 os.environ["MLFLOW_ALLOW_FILE_STORE"] = "true"  # MLflow 3 refuses its local file store without it
