@@ -1,16 +1,17 @@
 """The one place where a run is put together; every entry point (train, eval) builds through `build`.
 
 Order matters: the preflight checks, extras and seeding happen before anything is instantiated, so that
-a bad config fails in a second and every object is created under the same seed; the resolved config is
-logged as the run's hyperparameters; and the distributed state is cleaned up however the run ends, so that
-the next job of a multirun starts from scratch.
+a bad config fails in a second and every object is created under the same seed; the run record
+(run.json) is written and the resolved config is logged as the run's hyperparameters; and however the
+run ends, the record gets its end and the distributed state is cleaned up, so that the next job of a
+multirun starts from scratch.
 """
 
 import logging
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import lightning as L
@@ -19,7 +20,7 @@ from hydra.utils import instantiate
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
-from src.utils import hydra_ddp, preflight
+from src.utils import hydra_ddp, preflight, run_record
 from src.utils.config import apply_extras
 
 log = logging.getLogger(__name__)
@@ -33,6 +34,7 @@ class Run:
     datamodule: L.LightningDataModule
     model: L.LightningModule
     trainer: L.Trainer
+    metrics: dict[str, float] = field(default_factory=dict)  # the final metrics, set by the task
 
 
 def instantiate_group(group: DictConfig | None, kind: str) -> list[Any]:
@@ -50,14 +52,15 @@ def instantiate_group(group: DictConfig | None, kind: str) -> list[Any]:
     return objects
 
 
-def log_hyperparameters(run: Run) -> None:
-    """Send the resolved run config, with parameter counts, to every logger (rank 0 only)."""
+def log_hyperparameters(run: Run, record: dict[str, Any]) -> None:
+    """Send the resolved run config (nested), parameter counts and the run record to every logger."""
     if not run.trainer.loggers:
         return
     hparams = OmegaConf.to_container(run.cfg, resolve=True)
     params = list(run.model.parameters())
     hparams["model/params/total"] = sum(p.numel() for p in params)
     hparams["model/params/trainable"] = sum(p.numel() for p in params if p.requires_grad)
+    hparams["run"] = run_record.for_loggers(record)
     for logger in run.trainer.loggers:
         logger.log_hyperparams(hparams)
 
@@ -81,7 +84,7 @@ def build(cfg: DictConfig) -> Iterator[Run]:
     if cfg.get("seed") is not None:  # seed 0 is a seed
         L.seed_everything(cfg.seed, workers=True)
     env_before = hydra_ddp.snapshot_env()
-    trainer = None
+    trainer, record, error = None, None, None
     try:
         log.info(f"Instantiating datamodule <{cfg.data._target_}>")
         # Plain lists and dicts (not ListConfig): checkpoints store the datamodule's hyperparameters and
@@ -94,8 +97,17 @@ def build(cfg: DictConfig) -> Iterator[Run]:
         log.info(f"Instantiating trainer <{cfg.trainer._target_}>")
         trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
         run = Run(cfg=cfg, datamodule=datamodule, model=model, trainer=trainer)
-        log_hyperparameters(run)
-        yield run
+        if trainer.is_global_zero:
+            record, diff = run_record.start_record(cfg, trainer.world_size)
+            run_record.write_start(record, diff, cfg.paths.output_dir)
+            log_hyperparameters(run, record)
+        try:
+            yield run
+        except BaseException as err:
+            error = err
+            raise
     finally:
+        if record is not None:
+            run_record.write_end(record, cfg.paths.output_dir, run.metrics, error)
         _finish_wandb()
         hydra_ddp.cleanup(trainer, env_before)

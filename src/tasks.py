@@ -24,14 +24,14 @@ def train(cfg: DictConfig) -> dict[str, float]:
             run.trainer.fit(
                 run.model, datamodule=run.datamodule, ckpt_path=cfg.get("ckpt_path"), weights_only=True
             )
-        metrics = _as_floats(run.trainer.callback_metrics)
+        run.metrics = _as_floats(run.trainer.callback_metrics)
         if cfg.get("test"):
             ckpt_path = _best_checkpoint(run.trainer) if cfg.get("train") else cfg.get("ckpt_path")
             log.info(f"Starting testing on {ckpt_path or 'the current weights'}")
             run.trainer.test(run.model, datamodule=run.datamodule, ckpt_path=ckpt_path, weights_only=True)
-            metrics |= _as_floats(run.trainer.callback_metrics)
-    _report(metrics)
-    return metrics
+            run.metrics |= _as_floats(run.trainer.callback_metrics)
+    _report(run.metrics)
+    return run.metrics
 
 
 def evaluate(cfg: DictConfig) -> dict[str, float]:
@@ -42,9 +42,9 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     with build(cfg) as run:
         log.info(f"Testing {ckpt_path}")
         run.trainer.test(run.model, datamodule=run.datamodule, ckpt_path=str(ckpt_path), weights_only=True)
-        metrics = _as_floats(run.trainer.callback_metrics)
-    _report(metrics)
-    return metrics
+        run.metrics = _as_floats(run.trainer.callback_metrics)
+    _report(run.metrics)
+    return run.metrics
 
 
 def optimized_metric(cfg: DictConfig, metrics: dict[str, float]) -> float | None:
