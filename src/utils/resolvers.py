@@ -46,9 +46,19 @@ def sweep_group() -> str | None:
     return Path(HydraConfig.get().sweep.dir).name
 
 
+def run_label() -> str | None:
+    """A recognisable run name: the job's overrides (`model=mlp,trainer.max_epochs=3`), or the run dir's name
+    when there are none. Keys in hydra.job.config.override_dirname.exclude_keys (paths, extras) are left out."""
+    if not HydraConfig.initialized():
+        return None
+    job = HydraConfig.get().job
+    return job.override_dirname or Path(HydraConfig.get().runtime.output_dir).name
+
+
 def register_resolvers() -> None:
     OmegaConf.register_new_resolver("project_root", project_root, replace=True)
     # Cached like Hydra's ${now:}: one value per process, however often the run dir is resolved.
     OmegaConf.register_new_resolver("run_stamp", launchers.run_stamp, use_cache=True, replace=True)
     OmegaConf.register_new_resolver("if_rank_zero", if_rank_zero, replace=True)
     OmegaConf.register_new_resolver("sweep_group", sweep_group, replace=True)
+    OmegaConf.register_new_resolver("run_label", run_label, replace=True)
