@@ -85,23 +85,25 @@ class ClassifierModule(L.LightningModule):
         self.log("train/acc", self.train_acc, on_step=False, on_epoch=True, prog_bar=True)
         return loss
 
-    def validation_step(self, batch: tuple[Tensor, ...], batch_idx: int) -> None:
+    def validation_step(self, batch: tuple[Tensor, ...], batch_idx: int) -> dict[str, Tensor]:
         loss, preds, targets = self._shared_step(batch)
         self.val_loss(loss)
         self.val_acc(preds, targets)
         self.log("val/loss", self.val_loss, on_step=False, on_epoch=True, prog_bar=True)
         self.log("val/acc", self.val_acc, on_step=False, on_epoch=True, prog_bar=True)
+        return {"preds": preds, "targets": targets}  # for callbacks (prediction pictures)
 
     def on_validation_epoch_end(self) -> None:
         self.val_acc_best(self.val_acc.compute())  # compute() is synced across ranks
         self.log("val/acc_best", self.val_acc_best.compute(), sync_dist=True, prog_bar=True)
 
-    def test_step(self, batch: tuple[Tensor, ...], batch_idx: int) -> None:
+    def test_step(self, batch: tuple[Tensor, ...], batch_idx: int) -> dict[str, Tensor]:
         loss, preds, targets = self._shared_step(batch)
         self.test_loss(loss)
         self.test_acc(preds, targets)
         self.log("test/loss", self.test_loss, on_step=False, on_epoch=True)
         self.log("test/acc", self.test_acc, on_step=False, on_epoch=True)
+        return {"preds": preds, "targets": targets}
 
     def predict_step(self, batch: Tensor | tuple[Tensor, ...], batch_idx: int) -> Tensor:
         x = batch[0] if isinstance(batch, list | tuple) else batch
