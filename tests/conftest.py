@@ -144,3 +144,28 @@ def wandb_records(run_file: Path) -> list:
             record.ParseFromString(pending)
             records.append(record)
     return records
+
+
+def wandb_run(run_dir: Path) -> dict:
+    """The one offline wandb run under `run_dir`: its run record, config (key -> value), history rows and
+    the files it saved (paths relative to its files/ folder)."""
+    import json
+
+    (run_file,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
+    run, config, history, files = None, {}, [], []
+    for record in wandb_records(run_file):
+        kind = record.WhichOneof("record_type")
+        if kind == "run":
+            run = record.run
+        elif kind == "config":
+            config |= {item.key: json.loads(item.value_json) for item in record.config.update}
+        elif kind == "history":
+            history.append(
+                {
+                    item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                    for item in record.history.item
+                }
+            )
+        elif kind == "files":
+            files += [file.path for file in record.files.files]
+    return {"run": run, "config": config, "history": history, "files": files, "dir": run_file.parent}

@@ -15,7 +15,7 @@ from optuna.trial import TrialState
 
 from hydra_plugins.optuna_sweeper.optuna_sweeper import parse_search
 from src.utils.sweep_summary import write_summary
-from tests.conftest import ROOT, cli_command, cli_env, last_metrics, run_cli, wandb_records
+from tests.conftest import ROOT, cli_command, cli_env, last_metrics, run_cli, wandb_run
 
 DIGITS_MLP = ["data=digits", "model=mlp", "trainer.max_epochs=1"]
 # A rigged pruner: any trial whose val/acc_best is below 0.5 after an epoch is hopeless.
@@ -416,10 +416,8 @@ def test_each_job_of_a_sweep_is_its_own_wandb_run_in_the_sweeps_group(tmp_path: 
     result = run_cli("train", "-m", *overrides, log_dir=tmp_path, data_dir=data_dir)
     assert result.returncode == 0, result.stderr[-3000:]
     sweep = only_sweep_dir(tmp_path)
-    groups, ids = [], set()
-    for job in ("0", "1"):
-        (run_file,) = (sweep / job / "wandb").glob("offline-run-*/run-*.wandb")
-        (run,) = [r.run for r in wandb_records(run_file) if r.WhichOneof("record_type") == "run"]
-        groups.append(run.run_group)
-        ids.add(run.run_id)
-    assert groups == [sweep.name, sweep.name] and len(ids) == 2
+    runs = [wandb_run(sweep / job)["run"] for job in ("0", "1")]
+    assert [run.run_group for run in runs] == [sweep.name, sweep.name]
+    assert len({run.run_id for run in runs}) == 2
+    assert "model.optimizer.lr=0.001" in runs[0].display_name  # named after the job's overrides
+    assert "model.optimizer.lr=0.01" in runs[1].display_name

@@ -1,5 +1,6 @@
 """End to end through the real command line, as the README tells users to run it."""
 
+import json
 import re
 import subprocess
 import sys
@@ -46,7 +47,10 @@ def test_train_then_eval_gives_the_same_test_accuracy(tmp_path: Path, data_dir: 
 
     evaluated = run_cli("eval", *DIGITS_MLP, f"ckpt_path={best}", log_dir=tmp_path, data_dir=data_dir)
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
-    assert last_metrics(only_run_dir(tmp_path, "eval"))["test/acc"] == pytest.approx(trained["test/acc"])
+    eval_dir = only_run_dir(tmp_path, "eval")
+    assert last_metrics(eval_dir)["test/acc"] == pytest.approx(trained["test/acc"])
+    assert (eval_dir / "pictures" / "test_confusion_matrix.png").exists()  # eval draws the test pictures
+    assert json.loads((eval_dir / "run.json").read_text())["status"] == "completed"
 
 
 @pytest.mark.slow
