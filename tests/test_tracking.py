@@ -11,7 +11,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from src.builder import build
 from src.utils.run_record import git_state
-from tests.conftest import ROOT, last_metrics, only_run_dir, run_cli, wandb_run
+from tests.conftest import ROOT, last_metrics, only_run_dir, run_cli, wandb_records, wandb_run
 
 DIGITS_MLP = ["data=digits", "model=mlp", "trainer.max_epochs=2"]
 
@@ -135,10 +135,9 @@ def test_wandb_offline_from_the_environment_alone_never_prompts(tmp_path: Path, 
 
 
 @pytest.mark.slow
-def test_ddp_creates_one_wandb_run_from_rank_zero(tmp_path: Path, data_dir: Path):
-    result = run_cli(
-        "train", "trainer=ddp_sim", *DIGITS_MLP, "logger=wandb", log_dir=tmp_path, data_dir=data_dir
-    )
+def test_ddp_creates_one_wandb_run_from_rank_zero_with_its_checkpoints(tmp_path: Path, data_dir: Path):
+    overrides = ["trainer=ddp_sim", *DIGITS_MLP, "logger=wandb", "logger.wandb.log_model=all"]
+    result = run_cli("train", *overrides, log_dir=tmp_path, data_dir=data_dir)
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = only_run_dir(tmp_path)
     assert len(list(run_dir.glob("wandb/offline-run-*"))) == 1
@@ -146,6 +145,9 @@ def test_ddp_creates_one_wandb_run_from_rank_zero(tmp_path: Path, data_dir: Path
     assert wandb["config"]["run"]["world_size"] == 2
     assert json.loads((run_dir / "run.json").read_text())["world_size"] == 2
     assert any("test/confusion_matrix/_type" in row for row in wandb["history"])  # drawn once, on rank 0
+    (run_file,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
+    artifacts = [r.artifact for r in wandb_records(run_file) if r.WhichOneof("record_type") == "artifact"]
+    assert artifacts and all(a.type == "model" for a in artifacts)  # log_model=all: checkpoints as artifacts
 
 
 def test_debug_presets_draw_no_pictures(compose_cfg):
