@@ -64,7 +64,7 @@ def test_optimizer_and_scheduler_options_compose(compose_cfg, part):
 def test_callback_options_instantiate(compose_cfg, option):
     callbacks = instantiate_group(compose_cfg("train", [f"callbacks={option}"]).callbacks, "callbacks")
     assert all(isinstance(c, L.Callback) for c in callbacks)
-    assert len(callbacks) == {"default": 7, "none": 0}.get(option, 1)
+    assert len(callbacks) == {"default": 8, "none": 0}.get(option, 1)
 
 
 @pytest.mark.parametrize("option", options("logger"))

@@ -1,11 +1,14 @@
 """Shared base of the classification datamodules: splits, the per-device batch size, DataLoader settings."""
 
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset, Subset, random_split
+
+from src.data.components.resumable import EpochShuffleSampler, ResumableBatchSampler, ResumableDataLoader
 
 
 def split_batch_size(batch_size: int, world_size: int) -> int:
@@ -108,18 +111,33 @@ class ClassificationDataModule(L.LightningDataModule):
         if dataset is None:
             raise RuntimeError(f"{type(self).__name__}.setup() must run before asking for a DataLoader")
         workers = self.hparams.num_workers
-        return DataLoader(
-            dataset,
-            batch_size=self.batch_size_per_device,
-            shuffle=train,
-            drop_last=train and self.hparams.drop_last,
-            collate_fn=self.collate_fn,
-            num_workers=workers,
-            pin_memory=self.hparams.pin_memory,
+        settings = {
+            "collate_fn": self.collate_fn,
+            "num_workers": workers,
+            "pin_memory": self.hparams.pin_memory,
             # DataLoader refuses both without worker processes: only pass them when there are some.
-            persistent_workers=self.hparams.persistent_workers and workers > 0,
-            prefetch_factor=self.hparams.prefetch_factor if workers > 0 else None,
-        )
+            "persistent_workers": self.hparams.persistent_workers and workers > 0,
+            "prefetch_factor": self.hparams.prefetch_factor if workers > 0 else None,
+        }
+        if not train:
+            return DataLoader(dataset, batch_size=self.batch_size_per_device, shuffle=False, **settings)
+        # Training: shuffled by (seed, epoch) and resumable mid-epoch (src/data/components/resumable.py).
+        seed = self._shuffle_seed()
+        sampler = EpochShuffleSampler(len(dataset), seed=seed)
+        batch_sampler = ResumableBatchSampler(sampler, self.batch_size_per_device, self.hparams.drop_last)
+        # A generator of its own: starting an epoch (worker seeds) then draws nothing from torch's global one,
+        # which the model's dropout and augmentations use, so resuming does not shift their random numbers.
+        generator = torch.Generator().manual_seed(seed)
+        return ResumableDataLoader(dataset, batch_sampler=batch_sampler, generator=generator, **settings)
+
+    def _shuffle_seed(self) -> int:
+        """The run's seed (`seed_everything` exports it); unseeded, a random one, or 0 under DDP, where every
+        rank must shuffle alike."""
+        if "PL_GLOBAL_SEED" in os.environ:
+            return int(os.environ["PL_GLOBAL_SEED"])
+        if self.trainer is not None and self.trainer.world_size > 1:
+            return 0
+        return int(torch.randint(0, 2**62, ()).item())
 
     def train_dataloader(self) -> DataLoader:
         return self._loader(self.data_train, train=True)

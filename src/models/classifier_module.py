@@ -55,6 +55,10 @@ class ClassifierModule(L.LightningModule):
         self.test_acc = MulticlassAccuracy(num_classes, average="micro")
         self.train_loss, self.val_loss, self.test_loss = MeanMetric(), MeanMetric(), MeanMetric()
         self.val_acc_best = MaxMetric()
+        # Metric states go into checkpoints: a run resumed mid-epoch (or after its best epoch) reports the
+        # same epoch means and best accuracy as an uninterrupted one.
+        for metric in (self.train_acc, self.train_loss, self.val_acc_best):
+            metric.persistent(True)
 
     def configure_model(self) -> None:
         # Compiled in place (nn.Module.compile), in every process once the strategy has set up: the
@@ -75,7 +79,6 @@ class ClassifierModule(L.LightningModule):
         # The sanity check ran validation steps: start the real epochs from clean states.
         self.val_loss.reset()
         self.val_acc.reset()
-        self.val_acc_best.reset()
 
     def training_step(self, batch: tuple[Tensor, ...], batch_idx: int) -> Tensor:
         loss, preds, targets = self._shared_step(batch)
@@ -94,6 +97,8 @@ class ClassifierModule(L.LightningModule):
         return {"preds": preds, "targets": targets}  # for callbacks (prediction pictures)
 
     def on_validation_epoch_end(self) -> None:
+        if self.trainer.sanity_checking:  # its two batches do not count towards the best
+            return
         self.val_acc_best(self.val_acc.compute())  # compute() is synced across ranks
         self.log("val/acc_best", self.val_acc_best.compute(), sync_dist=True, prog_bar=True)
 
