@@ -8,6 +8,7 @@ multirun starts from scratch.
 """
 
 import logging
+import signal
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,10 +19,13 @@ import lightning as L
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from lightning.fabric.utilities.rank_zero import rank_zero_only
+from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
 from src.utils import hydra_ddp, preflight, run_record
 from src.utils.config import apply_extras
+from src.utils.resume import Resume
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +77,11 @@ def _finish_wandb() -> None:
 
 
 @contextmanager
-def build(cfg: DictConfig) -> Iterator[Run]:
-    """Seed, instantiate data, model, callbacks, loggers and trainer from `cfg`; clean up on exit."""
+def build(cfg: DictConfig, resume: Resume | None = None) -> Iterator[Run]:
+    """Seed, instantiate data, model, callbacks, loggers and trainer from `cfg`; clean up on exit.
+
+    `resume`: the earlier attempt of a named run that this one continues, for the run record.
+    """
     if HydraConfig.initialized():
         # `import lightning` attaches a console handler of its own; Hydra's logging config already prints
         # and files every record, so drop it rather than print each Lightning message twice.
@@ -99,10 +106,21 @@ def build(cfg: DictConfig) -> Iterator[Run]:
         run = Run(cfg=cfg, datamodule=datamodule, model=model, trainer=trainer)
         if trainer.is_global_zero:
             record, diff = run_record.start_record(cfg, trainer.world_size)
-            run_record.write_start(record, diff, cfg.paths.output_dir)
+            if resume is not None:
+                record["resumed"] = resume.summary()
             log_hyperparameters(run, record)
+            # A later attempt of a named run logs to the same wandb run (src/utils/resume.py).
+            record["wandb_id"] = next(
+                (lg.version for lg in trainer.loggers if isinstance(lg, WandbLogger)), None
+            )
+            run_record.write_start(record, diff, cfg.paths.output_dir)
         try:
             yield run
+        except SIGTERMException as err:
+            error = err
+            # Lightning ends a SIGTERM'd run with SystemExit(None), i.e. exit status 0; a killed run should
+            # say it was killed (128 + SIGTERM), like any other process.
+            raise SystemExit(128 + signal.SIGTERM) from err
         except BaseException as err:
             error = err
             raise

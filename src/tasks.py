@@ -9,26 +9,31 @@ from lightning.fabric.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from src.builder import build
-from src.utils.checkpoints import check_checkpoint
+from src.utils.checkpoints import check_checkpoint, check_fits
+from src.utils.resume import plan_resume
 
 log = logging.getLogger(__name__)
 
 
 def train(cfg: DictConfig) -> dict[str, float]:
-    """Fit the model, then test the best checkpoint; return every metric logged."""
-    if cfg.get("ckpt_path") is not None:
-        check_checkpoint(cfg.ckpt_path)
-    with build(cfg) as run:
+    """Fit the model (continuing a named run where it stopped), then test the best checkpoint."""
+    resume = plan_resume(cfg)  # before anything heavy: a run that may not continue fails in a second
+    if resume is not None:
+        resume.apply_to_loggers(cfg)
+    ckpt_path = cfg.get("ckpt_path") or (str(resume.checkpoint) if resume and resume.checkpoint else None)
+    if ckpt_path is not None:
+        check_checkpoint(ckpt_path)
+    with build(cfg, resume=resume) as run:
+        if ckpt_path is not None:
+            check_fits(run.model, ckpt_path)
         if cfg.get("train"):
             log.info("Starting training")
-            run.trainer.fit(
-                run.model, datamodule=run.datamodule, ckpt_path=cfg.get("ckpt_path"), weights_only=True
-            )
+            run.trainer.fit(run.model, datamodule=run.datamodule, ckpt_path=ckpt_path, weights_only=True)
         run.metrics = _as_floats(run.trainer.callback_metrics)
         if cfg.get("test"):
-            ckpt_path = _best_checkpoint(run.trainer) if cfg.get("train") else cfg.get("ckpt_path")
-            log.info(f"Starting testing on {ckpt_path or 'the current weights'}")
-            run.trainer.test(run.model, datamodule=run.datamodule, ckpt_path=ckpt_path, weights_only=True)
+            test_ckpt = _best_checkpoint(run.trainer) if cfg.get("train") else ckpt_path
+            log.info(f"Starting testing on {test_ckpt or 'the current weights'}")
+            run.trainer.test(run.model, datamodule=run.datamodule, ckpt_path=test_ckpt, weights_only=True)
             run.metrics |= _as_floats(run.trainer.callback_metrics)
     _report(run.metrics)
     return run.metrics
@@ -40,6 +45,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         raise ValueError("eval needs a checkpoint: ckpt_path=logs/train/runs/<run>/checkpoints/best.ckpt")
     ckpt_path = check_checkpoint(cfg.ckpt_path)
     with build(cfg) as run:
+        check_fits(run.model, ckpt_path)
         log.info(f"Testing {ckpt_path}")
         run.trainer.test(run.model, datamodule=run.datamodule, ckpt_path=str(ckpt_path), weights_only=True)
         run.metrics = _as_floats(run.trainer.callback_metrics)
@@ -65,7 +71,7 @@ def optimized_metric(cfg: DictConfig, metrics: dict[str, float]) -> float | None
 
 def _best_checkpoint(trainer) -> str | None:
     """Path of the best checkpoint saved during fit, or None (test the current weights) when there is none."""
-    callback = trainer.checkpoint_callback
+    callback = trainer.checkpoint_callback  # callbacks.model_checkpoint
     best = getattr(callback, "best_model_path", "") if callback is not None else ""
     if not best:
         log.warning(

@@ -263,16 +263,19 @@ def test_slurm_jobs_are_detected_as_lightning_detects_them(monkeypatch, env, job
     assert launchers.slurm_job_id() == job_id
     assert SLURMEnvironment.detect() is (job_id is not None)
     if job_id is not None:
-        assert launchers.run_stamp() == f"slurm-{job_id}"
+        assert launchers.run_dir_name("runs") == f"slurm-{job_id}"
 
 
 @pytest.mark.parametrize(
     ("local_rank", "subdir", "handlers"), [("0", ".hydra", ["console", "file"]), ("1", None, ["console"])]
 )
-def test_ranks_other_than_zero_write_no_snapshot_and_no_log_file(monkeypatch, local_rank, subdir, handlers):
+def test_ranks_other_than_zero_write_no_snapshot_and_no_log_file(
+    monkeypatch, tmp_path: Path, local_rank, subdir, handlers
+):
     monkeypatch.setenv("LOCAL_RANK", local_rank)
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
-        hydra_cfg = compose("train", return_hydra_config=True).hydra
+        overrides = [f"hydra.runtime.output_dir={tmp_path}"]  # set by Hydra in a real run
+        hydra_cfg = compose("train", overrides=overrides, return_hydra_config=True).hydra
     assert hydra_cfg.output_subdir == subdir
     assert list(hydra_cfg.job_logging.root.handlers) == handlers
 

@@ -80,6 +80,12 @@ class ClassifierModule(L.LightningModule):
         self.val_loss.reset()
         self.val_acc.reset()
 
+    def on_train_epoch_start(self) -> None:
+        # A new epoch's means start empty. (Lightning skips this hook when it resumes in the middle of an
+        # epoch, where the checkpointed states hold that epoch's first part.)
+        self.train_loss.reset()
+        self.train_acc.reset()
+
     def training_step(self, batch: tuple[Tensor, ...], batch_idx: int) -> Tensor:
         loss, preds, targets = self._shared_step(batch)
         self.train_loss(loss)

@@ -1,9 +1,45 @@
-"""Checks on checkpoint paths given by the user, done before anything heavy starts."""
+"""Checkpoints: written atomically, and checked before anything heavy starts when the user names one."""
 
+import os
+import pickle
 import zipfile
 from pathlib import Path
+from typing import Any
 
+import torch
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.fabric.strategies.fsdp import _is_sharded_checkpoint
+from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning's checkpoint writer, made atomic on local disks: write a temporary file beside the target,
+    flush it to disk, then rename it over the target.
+
+    Lightning writes through an fsspec transaction whose temporary file lives in the system temp dir; when
+    that is another file system than the run dir (a local /tmp, runs on network storage) the final move is a
+    copy, and a kill during it leaves a truncated last.ckpt in place of the previous one. A rename within one
+    directory is atomic: the target is always either the old checkpoint or the complete new one.
+    """
+
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None
+    ) -> None:
+        if storage_options is not None or not _is_local_file_protocol(path):
+            super().save_checkpoint(checkpoint, path, storage_options)  # remote storage: fsspec's transaction
+            return
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
+            with open(temporary, "wb") as file:
+                torch.save(checkpoint, file)
+                file.flush()
+                os.fsync(file.fileno())
+            os.replace(temporary, path)
+        except BaseException:
+            temporary.unlink(missing_ok=True)
+            raise
 
 
 def check_checkpoint(path: str | None, key: str = "ckpt_path") -> Path:
@@ -31,3 +67,43 @@ def check_checkpoint(path: str | None, key: str = "ckpt_path") -> Path:
             f"{key}={path} is not a checkpoint (torch.save writes a zip archive; this file is not one)"
         )
     return file
+
+
+def load_checkpoint(path: str | Path, key: str = "ckpt_path") -> dict[str, Any]:
+    """The checkpoint's contents, loaded the safe way (`weights_only=True`, memory-mapped, on the CPU).
+
+    A file that holds pickled Python objects other than tensors and plain data is refused before anything
+    in it runs: unpickling such a file can execute arbitrary code.
+    """
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except pickle.UnpicklingError as err:
+        detail = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ValueError(
+            f"{key}={path} holds Python objects that are not plain data, so it was not loaded (a pickle can run "
+            f"code while loading; torch.load(weights_only=True) refused it: {detail}). This template's checkpoints "
+            "hold only tensors and plain data; load a file from elsewhere only if you trust where it came from"
+        ) from None
+
+
+def check_fits(model: torch.nn.Module, path: str | Path, key: str = "ckpt_path") -> None:
+    """Refuse a checkpoint whose weights do not fit `model`, naming every tensor that differs."""
+    if _is_sharded_checkpoint(Path(path)):
+        return  # FSDP shards: the strategy checks them as it loads them
+    state = load_checkpoint(path, key).get("state_dict")
+    if state is None:
+        raise ValueError(f"{key}={path} has no state_dict: it is not a Lightning checkpoint of a model")
+    expected = model.state_dict()
+    problems = [
+        f"{name}: checkpoint {list(state[name].shape)}, model {list(tensor.shape)}"
+        for name, tensor in expected.items()
+        if name in state and hasattr(state[name], "shape") and state[name].shape != tensor.shape
+    ]
+    problems += [f"{name}: missing from the checkpoint" for name in expected if name not in state]
+    problems += [f"{name}: not in the model" for name in state if name not in expected]
+    if problems:
+        shown = "; ".join(problems[:10]) + (f"; and {len(problems) - 10} more" if len(problems) > 10 else "")
+        raise ValueError(
+            f"{key}={path} does not fit this model ({shown}); was it trained with another model=, model/net= "
+            "or data= (compose the same options as its training run)?"
+        )

@@ -9,12 +9,13 @@ Kept free of heavy imports: the config resolvers load this module on every start
 
 import os
 from datetime import datetime, timedelta
+from pathlib import Path
 
 # The run-dir timestamp: sortable, and unique even for runs started in the same second.
 STAMP_FORMAT = "%Y-%m-%d_%H-%M-%S_%f"
 
-# Key under which torchrun's rank 0 publishes its run-dir stamp in the launch's store.
-_STAMP_KEY = "lightning_hydra_starter/run_stamp"
+# Key under which torchrun's rank 0 publishes its run-dir name in the launch's store.
+_STAMP_KEY = "lightning_hydra_starter/run_dir_name"
 
 
 def is_global_rank_zero() -> bool:
@@ -51,21 +52,34 @@ def _torchrun_has_agent_store() -> bool:
     return os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
 
 
-def run_stamp() -> str:
-    """Name of a new run directory, the same in every process of one launch.
+def run_dir_name(runs_dir: str, run_name: str | None = None, resume: str = "auto") -> str:
+    """Name of this run's directory below `runs_dir`, the same in every process of one launch.
 
-    Under SLURM it is `slurm-<job id>`: every task of the job, and the job again after a requeue, writes to
-    the same directory, which is where Lightning looks for the checkpoint it saved before the requeue.
-    Under torchrun, global rank 0 takes the time and shares it through the launch's TCP store.
-    Otherwise it is the current time.
+    A named run (`run_name=my-exp`) gets that name, so running the same command again finds it and can
+    resume it; with `resume=never` an existing one is left alone and the run takes the first free
+    `my-exp-2`, `my-exp-3`, ... Under SLURM an unnamed run is `slurm-<job id>`: every task of the job, and
+    the job again after a requeue, writes there. Otherwise it is the current time. Under torchrun, global
+    rank 0 decides and shares the name through the launch's TCP store.
     """
-    job_id = slurm_job_id()
-    if job_id is not None:
-        return f"slurm-{job_id}"
-    stamp = datetime.now().strftime(STAMP_FORMAT)
+    if run_name is not None:
+        run_name = str(run_name)
+        if not run_name or run_name in (".", "..") or any(c in run_name for c in "/\\"):
+            raise ValueError(
+                f"run_name={run_name!r} is not a valid directory name; use letters, digits, - _ ."
+            )
+        name = run_name
+        if resume == "never":
+            number = 1
+            while (Path(runs_dir) / name).exists():
+                number += 1
+                name = f"{run_name}-{number}"
+    elif (job_id := slurm_job_id()) is not None:
+        name = f"slurm-{job_id}"
+    else:
+        name = datetime.now().strftime(STAMP_FORMAT)
     if torchrun_world_size() > 1 and _torchrun_has_agent_store():
-        stamp = _share_from_rank_zero(_STAMP_KEY, stamp)
-    return stamp
+        name = _share_from_rank_zero(_STAMP_KEY, name)
+    return name
 
 
 def _share_from_rank_zero(key: str, value: str, timeout_s: float = 300.0) -> str:

@@ -5,17 +5,21 @@ minutes later deep inside Lightning, or not at all (Lightning silently swaps 16-
 """
 
 import importlib.util
+import inspect
 import os
+import types
+import typing
 from typing import Any, get_args
 
 import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
+from hydra.utils import get_class
 from lightning.fabric.plugins.precision.precision import (
     _PRECISION_INPUT_STR,
     _PRECISION_INPUT_STR_ALIAS_CONVERSION,
 )
-from omegaconf import DictConfig, ListConfig
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from src.utils import launchers
 
@@ -26,10 +30,110 @@ GPU_ONLY_STRATEGIES = {"fsdp": "trainer=fsdp", "deepspeed": "trainer=deepspeed"}
 
 
 def check_run(cfg: DictConfig) -> None:
-    """Refuse a run whose trainer settings or launch cannot work; each error names what to change."""
+    """Refuse a run whose settings or launch cannot work; each error names what to change."""
     check_launch()
+    if (
+        cfg.get("run_name") is not None
+        and HydraConfig.initialized()
+        and HydraConfig.get().mode == RunMode.MULTIRUN
+    ):
+        raise ValueError(
+            f"run_name={cfg.run_name} names one run, but this is a sweep (-m), whose jobs go to numbered "
+            "directories; drop run_name (an Optuna study continues by its hydra.sweeper.study_name)"
+        )
     if "trainer" in cfg:
-        check_trainer(cfg.trainer)
+        check_trainer(cfg.trainer)  # first: its messages are more specific than the type check's
+    for key, target in (("trainer", "lightning.pytorch.Trainer"), ("data", None)):
+        if key in cfg:
+            check_types(cfg[key], key, target)
+    check_values(cfg)
+
+
+def check_values(cfg: DictConfig) -> None:
+    """Numbers that must be positive, and a model that fits the data."""
+    batch_size = OmegaConf.select(cfg, "data.batch_size")
+    if isinstance(batch_size, int) and not isinstance(batch_size, bool) and batch_size <= 0:
+        raise ValueError(f"data.batch_size={batch_size} must be a positive integer (the global batch size)")
+    lr = OmegaConf.select(cfg, "model.optimizer.lr")
+    if lr is not None and (not isinstance(lr, int | float) or isinstance(lr, bool) or lr <= 0):
+        raise ValueError(f"model.optimizer.lr={lr} must be a positive number, e.g. model.optimizer.lr=0.001")
+    model_classes, data_classes = (
+        OmegaConf.select(cfg, "model.num_classes"),
+        OmegaConf.select(cfg, "data.num_classes"),
+    )
+    if model_classes is not None and data_classes is not None and model_classes != data_classes:
+        raise ValueError(
+            f"model.num_classes={model_classes} but data.num_classes={data_classes}; the model's output size must "
+            "match the dataset (leave model.num_classes at its default, ${data.num_classes})"
+        )
+
+
+def check_types(config: DictConfig, prefix: str, target: str | None = None) -> None:
+    """Each value of `config` against the type hints of its class's constructor (`trainer.max_epochs=ten`).
+
+    Only plain types are checked (int, float, bool, str, None, literals); a key whose hint also allows an
+    object is left to the class.
+    """
+    target = target or config.get("_target_")
+    if target is None:
+        return
+    try:
+        cls = get_class(target)
+    except Exception:  # an unknown target fails with Hydra's own message when instantiated
+        return
+    hints: dict[str, Any] = {}
+    for klass in reversed(inspect.getmro(cls) if inspect.isclass(cls) else []):
+        if "__init__" in vars(klass):
+            try:
+                hints |= typing.get_type_hints(klass.__init__)
+            except Exception:  # annotations that do not resolve: nothing to check against
+                continue
+    for key, value in config.items():
+        if key.startswith("_") or key not in hints or OmegaConf.is_missing(config, key):
+            continue
+        value = config[key]
+        if not _matches(value, hints[key]):
+            raise ValueError(f"{prefix}.{key}={value!r} is not valid: expected {_describe(hints[key])}")
+
+
+_PLAIN = (int, float, bool, str, type(None))
+
+
+def _arms(hint: Any) -> list[Any]:
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return [arm for part in typing.get_args(hint) for arm in _arms(part)]
+    return [hint]
+
+
+def _matches(value: Any, hint: Any) -> bool:
+    for arm in _arms(hint):
+        if typing.get_origin(arm) is typing.Literal:
+            if value in typing.get_args(arm) and type(value) in {type(a) for a in typing.get_args(arm)}:
+                return True
+        elif arm not in _PLAIN:
+            return True  # an object, list or dict is allowed here: not ours to judge
+        elif arm is type(None):
+            if value is None:
+                return True
+        elif arm is float:
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                return True
+        elif arm is int:
+            if isinstance(value, int) and not isinstance(value, bool):
+                return True
+        elif isinstance(value, arm):
+            return True
+    return False
+
+
+def _describe(hint: Any) -> str:
+    names = []
+    for arm in _arms(hint):
+        if typing.get_origin(arm) is typing.Literal:
+            names.append("one of " + ", ".join(str(a) for a in typing.get_args(arm)))
+        else:
+            names.append({type(None): "null"}.get(arm, getattr(arm, "__name__", str(arm))))
+    return " or ".join(dict.fromkeys(names))
 
 
 def check_launch() -> None:

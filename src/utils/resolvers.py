@@ -1,5 +1,6 @@
 """OmegaConf resolvers used by the configs (kept free of heavy imports: `--help` loads this module)."""
 
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -55,10 +56,19 @@ def run_label() -> str | None:
     return job.override_dirname or Path(HydraConfig.get().runtime.output_dir).name
 
 
+def snapshot_subdir(run_dir: str) -> str:
+    """Where Hydra writes this launch's config snapshot inside the run dir: `.hydra`, or for a later attempt
+    of a named run `.hydra/attempts/<time>`, so that the first snapshot is never overwritten."""
+    if not (Path(run_dir) / ".hydra" / "config.yaml").exists():
+        return ".hydra"
+    return f".hydra/attempts/{datetime.now().strftime(launchers.STAMP_FORMAT)}"
+
+
 def register_resolvers() -> None:
     OmegaConf.register_new_resolver("project_root", project_root, replace=True)
     # Cached like Hydra's ${now:}: one value per process, however often the run dir is resolved.
-    OmegaConf.register_new_resolver("run_stamp", launchers.run_stamp, use_cache=True, replace=True)
+    OmegaConf.register_new_resolver("run_dir_name", launchers.run_dir_name, use_cache=True, replace=True)
     OmegaConf.register_new_resolver("if_rank_zero", if_rank_zero, replace=True)
     OmegaConf.register_new_resolver("sweep_group", sweep_group, replace=True)
     OmegaConf.register_new_resolver("run_label", run_label, replace=True)
+    OmegaConf.register_new_resolver("snapshot_subdir", snapshot_subdir, use_cache=True, replace=True)

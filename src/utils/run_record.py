@@ -128,8 +128,12 @@ def write_end(
 
 
 def for_loggers(record: dict[str, Any]) -> dict[str, Any]:
-    """The record as hyperparameters: what is known at the start, without the config (logged beside it)."""
-    return {key: value for key, value in record.items() if key not in ("config", *_END_FIELDS)}
+    """The record as hyperparameters: what is known at the start, without the config (logged beside it)
+    and without the earlier attempt's record (only the checkpoint this attempt continues from)."""
+    logged = {key: value for key, value in record.items() if key not in ("config", *_END_FIELDS)}
+    if "resumed" in logged:
+        logged["resumed"] = {"checkpoint": logged["resumed"]["checkpoint"]}
+    return logged
 
 
 def _now() -> str:

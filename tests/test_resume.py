@@ -1,0 +1,276 @@
+"""Never lose a run: named runs that resume exactly, atomic checkpoints, safe loading."""
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from src.utils.checkpoints import AtomicCheckpointIO, load_checkpoint
+from tests.conftest import ROOT, cli_command, cli_env, run_cli, wandb_records
+
+# Digits + MLP, 2 epochs of 21 steps, every random choice seeded and deterministic.
+EXACT = ["data=digits", "model=mlp", "trainer.max_epochs=2", "trainer.deterministic=true"]
+INTERRUPTIBLE = "+callbacks.interrupt._target_=tests.helpers.InterruptAtStep"
+WITH_TESTS = {"PYTHONPATH": str(ROOT)}  # so Hydra can load tests.helpers
+
+
+def run_dir_of(log_dir: Path, name: str, task: str = "train") -> Path:
+    return log_dir / task / "runs" / name
+
+
+def record(run_dir: Path) -> dict:
+    return json.loads((run_dir / "run.json").read_text())
+
+
+def weights(checkpoint: Path) -> dict[str, torch.Tensor]:
+    return load_checkpoint(checkpoint)["state_dict"]
+
+
+def test_a_named_run_continues_exactly_where_it_was_interrupted(tmp_path: Path, data_dir: Path):
+    common = [
+        *EXACT,
+        INTERRUPTIBLE,
+        "logger=wandb",
+        "data.random_shift=1",
+    ]  # augmentation draws random numbers
+    first = run_cli(
+        "train",
+        "run_name=exp",
+        *common,
+        log_dir=tmp_path,
+        data_dir=data_dir,
+        env=WITH_TESTS | {"INTERRUPT_AT_STEP": "30"},
+    )
+    assert first.returncode != 0  # Ctrl+C in the middle of epoch 1
+    run_dir = run_dir_of(tmp_path, "exp")
+    assert record(run_dir)["status"] == "interrupted"
+    assert load_checkpoint(run_dir / "checkpoints" / "interrupted.ckpt")["global_step"] == 30
+
+    second = run_cli("train", "run_name=exp", *common, log_dir=tmp_path, data_dir=data_dir, env=WITH_TESTS)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "Resuming run exp (stopped interrupted)" in second.stdout + second.stderr
+    resumed = record(run_dir)
+    assert resumed["status"] == "completed" and resumed["resumed"]["previous"]["status"] == "interrupted"
+    assert resumed["resumed"]["checkpoint"].endswith("interrupted.ckpt")
+    run_ids = {
+        r.run.run_id
+        for path in run_dir.glob("wandb/offline-run-*/run-*.wandb")
+        for r in wandb_records(path)
+        if r.WhichOneof("record_type") == "run"
+    }
+    assert (
+        len(run_ids) == 1 and len(list(run_dir.glob("wandb/offline-run-*"))) == 2
+    )  # one wandb run, continued
+
+    straight = run_cli(
+        "train", "run_name=straight", *common, log_dir=tmp_path, data_dir=data_dir, env=WITH_TESTS
+    )
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    uninterrupted = run_dir_of(tmp_path, "straight")
+    a, b = (
+        weights(run_dir / "checkpoints" / "last.ckpt"),
+        weights(uninterrupted / "checkpoints" / "last.ckpt"),
+    )
+    assert all(torch.equal(a[name], b[name]) for name in b)  # bit-identical
+    # Every metric too; the lr monitor logs at epoch starts, which a run resumed mid-epoch does not replay.
+    trained = {k: v for k, v in record(uninterrupted)["final_metrics"].items() if not k.startswith("lr-")}
+    assert {k: v for k, v in resumed["final_metrics"].items() if not k.startswith("lr-")} == trained
+
+
+def test_a_finished_run_is_not_reused_and_resume_never_starts_beside_it(tmp_path: Path, data_dir: Path):
+    first = run_cli("train", "debug=fdr", "run_name=done", log_dir=tmp_path, data_dir=data_dir)
+    assert first.returncode == 0, first.stderr[-3000:]
+    again = run_cli("train", "debug=fdr", "run_name=done", log_dir=tmp_path, data_dir=data_dir)
+    assert again.returncode != 0
+    assert "run done (" in again.stderr and "already finished on" in again.stderr
+    assert "resume=never (it becomes done-2) or another run_name" in again.stderr
+    fresh = run_cli(
+        "train", "debug=fdr", "run_name=done", "resume=never", log_dir=tmp_path, data_dir=data_dir
+    )
+    assert fresh.returncode == 0, fresh.stderr[-3000:]
+    assert record(run_dir_of(tmp_path, "done-2", "debug"))["status"] == "completed"
+    assert record(run_dir_of(tmp_path, "done", "debug"))["status"] == "completed"  # the first is untouched
+
+
+def test_a_run_is_not_continued_with_another_config_and_keeps_its_snapshot(tmp_path: Path, data_dir: Path):
+    common = ["debug=limit", "data=digits", "model=mlp", INTERRUPTIBLE, "run_name=tuned"]
+    first = run_cli(
+        "train", *common, log_dir=tmp_path, data_dir=data_dir, env=WITH_TESTS | {"INTERRUPT_AT_STEP": "3"}
+    )
+    assert first.returncode != 0
+    run_dir = run_dir_of(tmp_path, "tuned", "debug")
+    snapshot = (run_dir / ".hydra" / "config.yaml").read_text()
+
+    changed = run_cli(
+        "train", *common, "model.optimizer.lr=0.5", log_dir=tmp_path, data_dir=data_dir, env=WITH_TESTS
+    )
+    assert changed.returncode != 0
+    assert "run tuned was started with another config (model.optimizer.lr: 0.001 -> 0.5)" in changed.stderr
+    assert (run_dir / ".hydra" / "config.yaml").read_text() == snapshot  # the first snapshot is kept
+    assert len(list((run_dir / ".hydra" / "attempts").iterdir())) == 1  # the refused attempt's, beside it
+    assert record(run_dir)["status"] == "interrupted"  # and the record is the first attempt's
+
+
+@pytest.mark.parametrize("value", ["sometimes", "yes"])
+def test_an_unknown_resume_mode_is_refused(compose_cfg, value):
+    from src.utils.resume import plan_resume
+
+    with pytest.raises(ValueError, match=rf"resume={value} is not valid; choose auto .* or never"):
+        plan_resume(compose_cfg("train", [f"resume={value}"]))
+
+
+def test_a_run_name_with_a_path_in_it_is_refused(tmp_path: Path, data_dir: Path):
+    result = run_cli("train", "run_name=../elsewhere", log_dir=tmp_path, data_dir=data_dir)
+    assert result.returncode != 0
+    assert "run_name='../elsewhere' is not a valid directory name" in result.stderr
+
+
+# --- checkpoints: atomic writes, safe loading ---
+
+
+class _FailsHalfway:
+    """Pickles into an error, after the tensors before it were already written."""
+
+    def __reduce__(self):
+        raise OSError("disk full (simulated)")
+
+
+def test_a_checkpoint_write_that_fails_halfway_leaves_the_previous_one(tmp_path: Path):
+    target = tmp_path / "last.ckpt"
+    io = AtomicCheckpointIO()
+    io.save_checkpoint({"state_dict": {"w": torch.ones(3)}}, target)
+    with pytest.raises(OSError, match="disk full"):
+        io.save_checkpoint({"state_dict": {"w": torch.zeros(1_000_000)}, "bad": _FailsHalfway()}, target)
+    assert torch.equal(load_checkpoint(target)["state_dict"]["w"], torch.ones(3))  # the old one, intact
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]  # no temporary left behind
+
+
+def test_the_trainer_writes_checkpoints_atomically(compose_cfg):
+    from hydra.utils import instantiate
+
+    trainer = instantiate(compose_cfg("train").trainer)
+    assert isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO)
+
+
+class _Payload:
+    """What an attacker puts in a checkpoint: unpickling it runs a command."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.mark.parametrize("script", ["eval", "train"])
+def test_a_checkpoint_with_a_pickle_payload_is_refused_and_never_runs(
+    tmp_path: Path, data_dir: Path, script: str
+):
+    marker, checkpoint = tmp_path / "pwned", tmp_path / "model.ckpt"
+    torch.save({"state_dict": {}, "extra": _Payload(marker)}, checkpoint)
+    result = run_cli(
+        script, "data=digits", "model=mlp", f"ckpt_path={checkpoint}", log_dir=tmp_path, data_dir=data_dir
+    )
+    assert result.returncode != 0
+    assert (
+        f"ckpt_path={checkpoint} holds Python objects that are not plain data, so it was not loaded"
+        in result.stderr
+    )
+    assert not marker.exists()  # the payload did not run
+
+
+# --- slow: real kills ---
+
+
+def wait_for(condition, process: subprocess.Popen, timeout: float = 240) -> None:
+    deadline = time.time() + timeout
+    while not condition():
+        assert process.poll() is None, "the run ended before the moment the test waits for"
+        assert time.time() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+@pytest.mark.slow
+def test_a_run_killed_mid_epoch_resumes_to_the_same_weights_as_an_uninterrupted_one(
+    tmp_path: Path, data_dir: Path
+):
+    common = [*EXACT, "callbacks.last_checkpoint.every_n_train_steps=5", "data.random_shift=1"]
+    straight = run_cli("train", *common, "run_name=straight", log_dir=tmp_path, data_dir=data_dir)
+    assert straight.returncode == 0, straight.stderr[-3000:]
+
+    command = cli_command("train", *common, "run_name=killed", log_dir=tmp_path, data_dir=data_dir)
+    run = subprocess.Popen(
+        command, cwd=ROOT, env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    last = run_dir_of(tmp_path, "killed") / "checkpoints" / "last.ckpt"
+
+    def past_step_25() -> bool:  # the middle of epoch 1
+        return last.exists() and load_checkpoint(last)["global_step"] >= 25
+
+    wait_for(past_step_25, run)
+    run.send_signal(signal.SIGKILL)  # no handler, no last words
+    run.wait()
+    assert record(run_dir_of(tmp_path, "killed"))["status"] == "running"  # it never got to say otherwise
+
+    resumed = run_cli("train", *common, "run_name=killed", log_dir=tmp_path, data_dir=data_dir)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    a = weights(run_dir_of(tmp_path, "killed") / "checkpoints" / "last.ckpt")
+    b = weights(run_dir_of(tmp_path, "straight") / "checkpoints" / "last.ckpt")
+    assert all(torch.equal(a[name], b[name]) for name in b)
+    killed, reference = record(run_dir_of(tmp_path, "killed")), record(run_dir_of(tmp_path, "straight"))
+    assert killed["final_metrics"]["test/acc"] == reference["final_metrics"]["test/acc"]
+    assert killed["final_metrics"]["val/acc_best"] == reference["final_metrics"]["val/acc_best"]
+
+
+@pytest.mark.slow
+def test_sigterm_saves_a_checkpoint_exits_143_and_the_run_resumes_from_it(tmp_path: Path, data_dir: Path):
+    common = [
+        "data=digits",
+        "model=mlp",
+        "trainer.max_epochs=50",
+        "callbacks.early_stopping=null",
+        "run_name=preempted",
+    ]
+    command = cli_command("train", *common, log_dir=tmp_path, data_dir=data_dir)
+    run = subprocess.Popen(
+        command, cwd=ROOT, env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    run_dir = run_dir_of(tmp_path, "preempted")
+    wait_for(lambda: (run_dir / "checkpoints" / "last.ckpt").exists(), run)  # a few epochs in
+    run.send_signal(signal.SIGTERM)  # what a cluster sends before it takes the machine back
+    assert run.wait(timeout=120) == 128 + signal.SIGTERM
+    assert record(run_dir)["status"] == "interrupted"
+    saved = load_checkpoint(run_dir / "checkpoints" / "interrupted.ckpt")["global_step"]
+
+    resumed = run_cli("train", *common, log_dir=tmp_path, data_dir=data_dir)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"Restoring states from the checkpoint path at {run_dir / 'checkpoints' / 'interrupted.ckpt'}" in (
+        resumed.stdout + resumed.stderr
+    )
+    assert load_checkpoint(run_dir / "checkpoints" / "last.ckpt")["global_step"] == 50 * 21 > saved
+
+
+@pytest.mark.slow
+def test_a_kill_while_saving_leaves_a_loadable_last_checkpoint(tmp_path: Path, data_dir: Path):
+    # A wide MLP, so that writing its checkpoint (weights + Adam state, ~200 MB) takes a moment to hit.
+    common = ["data=digits", "model=mlp", "model.net.hidden_sizes=[4096,2048]", "trainer.max_epochs=20"]
+    common += [
+        "callbacks.last_checkpoint.every_n_train_steps=3",
+        "callbacks.early_stopping=null",
+        "run_name=big",
+    ]
+    command = cli_command("train", *common, log_dir=tmp_path, data_dir=data_dir)
+    run = subprocess.Popen(
+        command, cwd=ROOT, env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    checkpoints = run_dir_of(tmp_path, "big") / "checkpoints"
+    wait_for(lambda: (checkpoints / "last.ckpt").exists() and any(checkpoints.glob(".last.ckpt.*.tmp")), run)
+    run.send_signal(signal.SIGKILL)  # while the next last.ckpt is being written
+    run.wait()
+    checkpoint = load_checkpoint(checkpoints / "last.ckpt")  # the previous one, complete
+    assert checkpoint["global_step"] >= 3 and "optimizer_states" in checkpoint
