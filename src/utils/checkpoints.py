@@ -98,11 +98,17 @@ def check_fits(model: torch.nn.Module, path: str | Path, key: str = "ckpt_path")
         f"{name}: checkpoint {list(state[name].shape)}, model {list(tensor.shape)}"
         for name, tensor in expected.items()
         if name in state and hasattr(state[name], "shape") and state[name].shape != tensor.shape
-    ]
-    problems += [f"{name}: missing from the checkpoint" for name in expected if name not in state]
-    problems += [f"{name}: not in the model" for name in state if name not in expected]
+    ][:10]
+    for what, names in (
+        ("missing from the checkpoint", [name for name in expected if name not in state]),
+        ("not in the model", [name for name in state if name not in expected]),
+    ):
+        if names:
+            problems.append(
+                f"{what}: {', '.join(names[:5])}" + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+            )
     if problems:
-        shown = "; ".join(problems[:10]) + (f"; and {len(problems) - 10} more" if len(problems) > 10 else "")
+        shown = "; ".join(problems)
         raise ValueError(
             f"{key}={path} does not fit this model ({shown}); was it trained with another model=, model/net= "
             "or data= (compose the same options as its training run)?"

@@ -1,0 +1,122 @@
+"""Bad input fails in one line that names the value and what is valid, before any training; and the guards."""
+
+import logging
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+from hydra.utils import instantiate
+
+from src.callbacks.training_guards import TrainingGuards
+from src.utils import preflight
+from src.utils.checkpoints import check_fits
+from tests.conftest import only_run_dir, run_cli
+
+DIGITS_MLP = ["data=digits", "model=mlp"]
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("trainer.max_epochs=ten", "trainer.max_epochs='ten' is not valid: expected int or null"),
+        (
+            "trainer.gradient_clip_val=high",
+            "trainer.gradient_clip_val='high' is not valid: expected int or float or null",
+        ),
+        (
+            "trainer.deterministic=sometimes",
+            "trainer.deterministic='sometimes' is not valid: expected bool or one of warn or null",
+        ),
+        ("data.batch_size=64x", "data.batch_size='64x' is not valid: expected int"),
+        ("data.batch_size=0", "data.batch_size=0 must be a positive integer"),
+        ("data.batch_size=-8", "data.batch_size=-8 must be a positive integer"),
+        ("model.optimizer.lr=0", "model.optimizer.lr=0 must be a positive number"),
+        ("model.optimizer.lr=-0.01", "model.optimizer.lr=-0.01 must be a positive number"),
+        (
+            "model.num_classes=5",
+            "model.num_classes=5 but data.num_classes=10; the model's output size must match",
+        ),
+    ],
+)
+def test_bad_values_are_refused_before_anything_is_built(compose_cfg, override: str, message: str):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        preflight.check_run(compose_cfg("train", [*DIGITS_MLP, override]))
+
+
+def test_a_wrong_type_on_the_command_line_stops_before_training(tmp_path: Path, data_dir: Path):
+    result = run_cli("train", *DIGITS_MLP, "trainer.max_epochs=ten", log_dir=tmp_path, data_dir=data_dir)
+    assert result.returncode != 0
+    assert "trainer.max_epochs='ten' is not valid: expected int or null" in result.stderr
+    assert not (only_run_dir(tmp_path) / "checkpoints").exists()  # nothing was trained or saved
+
+
+def test_a_typo_in_a_key_names_the_key(tmp_path: Path, data_dir: Path):
+    result = run_cli("train", "trainer.max_epoch=3", log_dir=tmp_path, data_dir=data_dir)
+    assert result.returncode != 0
+    assert "Could not override 'trainer.max_epoch'" in result.stderr
+    assert "Key 'max_epoch' is not in struct" in result.stderr
+    assert not (tmp_path / "train").exists()  # Hydra refused it before creating a run dir
+
+
+def test_a_checkpoint_of_another_model_lists_every_tensor_that_differs(compose_cfg, tmp_path: Path):
+    mlp = instantiate(compose_cfg("train", [*DIGITS_MLP, "model.net.hidden_sizes=[64]"]).model)
+    checkpoint = tmp_path / "mlp.ckpt"
+    torch.save({"state_dict": mlp.state_dict()}, checkpoint)
+    bigger = instantiate(compose_cfg("train", [*DIGITS_MLP, "model.net.hidden_sizes=[128]"]).model)
+    with pytest.raises(ValueError) as refused:
+        check_fits(bigger, checkpoint)
+    message = str(refused.value)
+    assert f"ckpt_path={checkpoint} does not fit this model (" in message
+    assert "net.layers.1.weight: checkpoint [64, 64], model [128, 64]" in message
+    assert "was it trained with another model=, model/net= or data=" in message
+    cnn = instantiate(compose_cfg("train", ["data=digits", "model=cnn"]).model)
+    with pytest.raises(
+        ValueError,
+        match=r"missing from the checkpoint: net.features.0.weight, .*; not in the model: net.layers.1.weight",
+    ):
+        check_fits(cnn, checkpoint)
+
+
+def test_a_checkpoint_that_fits_passes(compose_cfg, tmp_path: Path):
+    model = instantiate(compose_cfg("train", DIGITS_MLP).model)
+    torch.save({"state_dict": model.state_dict()}, tmp_path / "same.ckpt")
+    check_fits(model, tmp_path / "same.ckpt")
+
+
+# --- training guards ---
+
+
+def test_a_nan_loss_stops_the_run_before_it_reaches_the_weights(tmp_path: Path, data_dir: Path):
+    # data.std=0 divides the pixels by zero: the very first loss is NaN.
+    result = run_cli("train", *DIGITS_MLP, "data.std=0", log_dir=tmp_path, data_dir=data_dir)
+    assert result.returncode != 0
+    assert (
+        "the training loss is nan at epoch 0, step 0: stopped before it reached the weights" in result.stderr
+    )
+    assert not list(
+        only_run_dir(tmp_path).glob("checkpoints/*.ckpt")
+    )  # no NaN state saved, best or otherwise
+
+
+def test_a_first_loss_far_from_ln_num_classes_is_warned_about(tmp_path: Path, data_dir: Path):
+    # A tiny std blows the inputs up, and without BatchNorm the logits follow: the first loss is ~30.
+    rigged = ["debug=fdr", *DIGITS_MLP, "data.std=0.001", "model.net.batch_norm=false"]
+    result = run_cli("train", *rigged, log_dir=tmp_path, data_dir=data_dir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "far from ln(10) = 2.3, what an untrained classifier should give" in result.stdout + result.stderr
+    normal = run_cli("train", "debug=fdr", *DIGITS_MLP, log_dir=tmp_path / "normal", data_dir=data_dir)
+    assert "far from ln(10)" not in normal.stdout + normal.stderr
+
+
+def test_unused_parameters_are_named_and_gradient_norms_logged(compose_cfg, caplog):
+    cfg = compose_cfg("train", DIGITS_MLP)
+    model = instantiate(cfg.model)
+    model.unused = torch.nn.Linear(2, 2)  # a layer the loss never reaches
+    datamodule = instantiate(cfg.data, _convert_="all")
+    guards = TrainingGuards(log_grad_norm=True)
+    trainer = L.Trainer(fast_dev_run=True, callbacks=[guards], logger=False, enable_progress_bar=False)
+    with caplog.at_level(logging.WARNING):
+        trainer.fit(model, datamodule=datamodule)
+    assert "2 parameter(s) got no gradient in the first step: unused.weight, unused.bias" in caplog.text
+    assert trainer.callback_metrics["grad_2.0_norm_total"] > 0
