@@ -93,6 +93,8 @@ def check_fits(model: torch.nn.Module, path: str | Path, key: str = "ckpt_path")
     state = load_checkpoint(path, key).get("state_dict")
     if state is None:
         raise ValueError(f"{key}={path} has no state_dict: it is not a Lightning checkpoint of a model")
+    # torch.compile(net) elsewhere saves under `_orig_mod.`; ClassifierModule.on_load_checkpoint drops it.
+    state = {name.replace("_orig_mod.", ""): tensor for name, tensor in state.items()}
     expected = model.state_dict()
     problems = [
         f"{name}: checkpoint {list(state[name].shape)}, model {list(tensor.shape)}"
