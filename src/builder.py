@@ -35,7 +35,7 @@ class Run:
     """Everything a task needs, built from one config."""
 
     cfg: DictConfig
-    datamodule: L.LightningDataModule
+    datamodule: L.LightningDataModule | None
     model: L.LightningModule
     trainer: L.Trainer
     metrics: dict[str, float] = field(default_factory=dict)  # the final metrics, set by the task
@@ -77,10 +77,17 @@ def _finish_wandb() -> None:
 
 
 @contextmanager
-def build(cfg: DictConfig, resume: Resume | None = None) -> Iterator[Run]:
+def build(
+    cfg: DictConfig,
+    resume: Resume | None = None,
+    model: L.LightningModule | None = None,
+    datamodule: L.LightningDataModule | None = None,
+) -> Iterator[Run]:
     """Seed, instantiate data, model, callbacks, loggers and trainer from `cfg`; clean up on exit.
 
     `resume`: the earlier attempt of a named run that this one continues, for the run record.
+    `model`, `datamodule`: already built (predict and export load the model from a checkpoint); else from
+    `cfg.model` and `cfg.data` (`data: null` for none).
     """
     if HydraConfig.initialized():
         # `import lightning` attaches a console handler of its own; Hydra's logging config already prints
@@ -93,12 +100,14 @@ def build(cfg: DictConfig, resume: Resume | None = None) -> Iterator[Run]:
     env_before = hydra_ddp.snapshot_env()
     trainer, record, error = None, None, None
     try:
-        log.info(f"Instantiating datamodule <{cfg.data._target_}>")
-        # Plain lists and dicts (not ListConfig): checkpoints store the datamodule's hyperparameters and
-        # must load with weights_only=True.
-        datamodule = instantiate(cfg.data, _convert_="all")
-        log.info(f"Instantiating model <{cfg.model._target_}>")
-        model = instantiate(cfg.model)
+        if datamodule is None and cfg.get("data") is not None:
+            log.info(f"Instantiating datamodule <{cfg.data._target_}>")
+            # Plain lists and dicts (not ListConfig): checkpoints store the datamodule's hyperparameters and
+            # must load with weights_only=True.
+            datamodule = instantiate(cfg.data, _convert_="all")
+        if model is None:
+            log.info(f"Instantiating model <{cfg.model._target_}>")
+            model = instantiate(cfg.model)
         callbacks = instantiate_group(cfg.get("callbacks"), "callbacks")
         loggers = instantiate_group(cfg.get("logger"), "logger")
         log.info(f"Instantiating trainer <{cfg.trainer._target_}>")

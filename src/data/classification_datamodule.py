@@ -139,6 +139,15 @@ class ClassificationDataModule(L.LightningDataModule):
             return 0
         return int(torch.randint(0, 2**62, ()).item())
 
+    def inference_preprocessing(self) -> dict[str, Any]:
+        """How predict and export turn one image file into the net's input: colour mode, shape, batching, and
+        a transforms-v2 config. Stored in the model's checkpoints (see ClassifierModule.setup)."""
+        raise NotImplementedError
+
+    def predict_dataloader(self) -> DataLoader:
+        """The predict set is the test split: predictions line up with `trainer.test`'s samples."""
+        return self._loader(self.data_test, train=False)
+
     def train_dataloader(self) -> DataLoader:
         return self._loader(self.data_train, train=True)
 

@@ -135,6 +135,30 @@ class ImageFolderDataModule(ClassificationDataModule):
             for stage in STAGES
         )
 
+    def inference_preprocessing(self) -> dict[str, Any]:
+        """What the test images went through: their transforms config (test's, else val's), colour mode and
+        batching."""
+        configs = self.hparams.transforms or {}
+        transform = configs.get("test") or configs.get("val")
+        if transform is None:  # no transforms configured: ToImage + scale to [0, 1]
+            transform = {
+                "_target_": "torchvision.transforms.v2.Compose",
+                "transforms": [
+                    {"_target_": "torchvision.transforms.v2.ToImage"},
+                    {
+                        "_target_": "torchvision.transforms.v2.ToDtype",
+                        "dtype": {"_target_": "hydra.utils.get_object", "path": "torch.float32"},
+                        "scale": True,
+                    },
+                ],
+            }
+        return {
+            "image_mode": self.hparams.image_mode,
+            "input_shape": list(self.hparams.input_shape),
+            "collate": self.hparams.collate,
+            "transform": transform,
+        }
+
     def _listed(self, stage: str) -> list[Sample] | None:
         """The samples of `stage`'s own source (None when it has none and is drawn from the train pool)."""
         hp = self.hparams

@@ -1,6 +1,7 @@
 """Base for datasets small enough to hold in memory as tensors (MNIST, digits): normalised once, shifted on the device."""
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -46,6 +47,19 @@ class InMemoryDataModule(ClassificationDataModule):
             drop_last=drop_last,
         )
 
+    def inference_preprocessing(self) -> dict[str, Any]:
+        """An image file becomes what training saw: grayscale (or RGB), resized to input_shape, scaled to
+        [0, 1] and standardised with `mean`/`std`."""
+        channels, height, width = self.hparams.input_shape
+        return {
+            "image_mode": "L" if channels == 1 else "RGB",
+            "input_shape": [channels, height, width],
+            "collate": "stack",
+            "transform": standard_transform(
+                [height, width], [self.hparams.mean] * channels, [self.hparams.std] * channels
+            ),
+        }
+
     def on_after_batch_transfer(self, batch: list[torch.Tensor], dataloader_idx: int) -> list[torch.Tensor]:
         """Augment training batches on the device: shift each batch by up to `random_shift` pixels."""
         shift = self.hparams.random_shift
@@ -56,6 +70,23 @@ class InMemoryDataModule(ClassificationDataModule):
             top, left = torch.randint(0, 2 * shift + 1, (2,)).tolist()
             batch = [padded[..., top : top + height, left : left + width], labels]
         return batch
+
+
+def standard_transform(size: list[int], mean: list[float], std: list[float]) -> dict[str, Any]:
+    """A transforms-v2 config: PIL image -> resized float tensor in [0, 1] -> standardised."""
+    return {
+        "_target_": "torchvision.transforms.v2.Compose",
+        "transforms": [
+            {"_target_": "torchvision.transforms.v2.ToImage"},
+            {"_target_": "torchvision.transforms.v2.Resize", "size": list(size), "antialias": True},
+            {
+                "_target_": "torchvision.transforms.v2.ToDtype",
+                "dtype": {"_target_": "hydra.utils.get_object", "path": "torch.float32"},
+                "scale": True,
+            },
+            {"_target_": "torchvision.transforms.v2.Normalize", "mean": list(mean), "std": list(std)},
+        ],
+    }
 
 
 def normalized_dataset(images: torch.Tensor, labels: torch.Tensor, mean: float, std: float) -> TensorDataset:

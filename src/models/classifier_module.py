@@ -35,7 +35,11 @@ class ClassifierModule(L.LightningModule):
         scheduler: dict | None = None,
         scheduler_config: dict | None = None,
         compile: bool = False,
+        class_names: list[str] | None = None,
+        preprocessing: dict | None = None,
     ) -> None:
+        """`class_names` and `preprocessing` need not be given: they are taken from the datamodule when
+        training starts and saved with every checkpoint, so that predict and export need nothing else."""
         super().__init__()
         self.save_hyperparameters(
             {
@@ -45,6 +49,8 @@ class ClassifierModule(L.LightningModule):
                 "scheduler": _plain(scheduler),
                 "scheduler_config": _plain(scheduler_config),
                 "compile": compile,
+                "class_names": _plain(class_names),
+                "preprocessing": _plain(preprocessing),
             },
             logger=False,  # the builder logs the whole resolved run config instead
         )
@@ -59,6 +65,24 @@ class ClassifierModule(L.LightningModule):
         # same epoch means and best accuracy as an uninterrupted one.
         for metric in (self.train_acc, self.train_loss, self.val_acc_best):
             metric.persistent(True)
+
+    def setup(self, stage: str) -> None:
+        # What inference needs to know about the data: how to turn an image file into the net's input,
+        # and what the classes are called. The datamodule set up first; its answer goes into checkpoints.
+        datamodule = self.trainer.datamodule if self._trainer is not None else None
+        if datamodule is not None and hasattr(datamodule, "inference_preprocessing"):
+            self.hparams.preprocessing = datamodule.inference_preprocessing()
+            names = datamodule.hparams.get("class_names")
+            self.hparams.class_names = (
+                list(names) if names else [str(i) for i in range(self.hparams.num_classes)]
+            )
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # A net compiled with torch.compile(net) by other code saves its weights under `_orig_mod.`; this
+        # module compiles in place (configure_model), so drop the prefix and either kind loads.
+        state = checkpoint.get("state_dict", {})
+        for name in [name for name in state if "_orig_mod." in name]:
+            state[name.replace("_orig_mod.", "")] = state.pop(name)
 
     def configure_model(self) -> None:
         # Compiled in place (nn.Module.compile), in every process once the strategy has set up: the

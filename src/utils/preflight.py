@@ -44,7 +44,7 @@ def check_run(cfg: DictConfig) -> None:
     if "trainer" in cfg:
         check_trainer(cfg.trainer)  # first: its messages are more specific than the type check's
     for key, target in (("trainer", "lightning.pytorch.Trainer"), ("data", None)):
-        if key in cfg:
+        if cfg.get(key) is not None:
             check_types(cfg[key], key, target)
     check_values(cfg)
 

@@ -1,0 +1,214 @@
+"""From a checkpoint to a model that takes image files: what predict and export share.
+
+A checkpoint of this template carries everything inference needs in the model's hyperparameters: the net's
+config, the class names, and the preprocessing the test images went through (see ClassifierModule.setup).
+A checkpoint inside a run directory also has the run's record beside it, whose config names the
+LightningModule class and the data, for predicting on the test split or checking an export on real images.
+"""
+
+import csv
+import glob
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from hydra.utils import get_class, instantiate
+from lightning import LightningModule
+from omegaconf import DictConfig
+from PIL import Image
+from torch.utils.data import DataLoader, Dataset
+
+from src.data.components.collate import COLLATES
+from src.data.components.labels import IMAGE_EXTENSIONS
+from src.utils.checkpoints import check_checkpoint, load_checkpoint
+from src.utils.run_record import RECORD_FILE
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODULE = "src.models.classifier_module.ClassifierModule"
+
+
+@dataclass
+class Source:
+    """A checkpoint, and the config of the run that wrote it (None when it is not inside a run dir)."""
+
+    checkpoint: Path
+    run_config: dict[str, Any] | None
+
+
+def locate(cfg: DictConfig) -> Source:
+    """The checkpoint named by `ckpt_path`, or the best (else last) checkpoint of `run_dir`."""
+    ckpt_path, run_dir = cfg.get("ckpt_path"), cfg.get("run_dir")
+    if ckpt_path is None and run_dir is None:
+        raise ValueError(
+            f"{cfg.task_name} needs a checkpoint: ckpt_path=<file.ckpt> or run_dir=logs/train/runs/<run>"
+        )
+    if ckpt_path is None:
+        run_dir = Path(run_dir)
+        found = [run_dir / "checkpoints" / name for name in ("best.ckpt", "last.ckpt")]
+        ckpt_path = next((path for path in found if path.is_file()), None)
+        if ckpt_path is None:
+            raise FileNotFoundError(
+                f"run_dir={run_dir} has no checkpoints/best.ckpt or checkpoints/last.ckpt"
+            )
+    checkpoint = check_checkpoint(str(ckpt_path))
+    run_dir = Path(run_dir) if run_dir is not None else checkpoint.parent.parent
+    record = run_dir / RECORD_FILE
+    run_config = json.loads(record.read_text()).get("config") if record.is_file() else None
+    return Source(checkpoint=checkpoint, run_config=run_config)
+
+
+def load_model(source: Source, module: str | None = None) -> LightningModule:
+    """The trained LightningModule in eval mode, on the CPU, without torch.compile."""
+    target = module or ((source.run_config or {}).get("model") or {}).get("_target_") or DEFAULT_MODULE
+    cls = get_class(target)
+    hparams = load_checkpoint(source.checkpoint).get("hyper_parameters") or {}
+    overrides = {"compile": False} if "compile" in hparams else {}  # eager, whatever training used
+    model = cls.load_from_checkpoint(source.checkpoint, map_location="cpu", weights_only=True, **overrides)
+    if not model.hparams.get("preprocessing"):
+        raise ValueError(
+            f"{source.checkpoint} does not say how its inputs were preprocessed (hyper_parameters.preprocessing); "
+            "it was saved by an older version of this template: retrain, or evaluate it with eval.py"
+        )
+    return model.eval()
+
+
+def class_names(model: LightningModule) -> list[str]:
+    names = model.hparams.get("class_names")
+    return list(names) if names else [str(i) for i in range(model.hparams.num_classes)]
+
+
+def image_transform(preprocessing: dict[str, Any]) -> Any:
+    return instantiate(preprocessing["transform"])
+
+
+def expand_inputs(inputs: Any) -> list[Path]:
+    """Image files from a file, a folder (searched recursively) or a glob, or a list of those; sorted."""
+    files: list[Path] = []
+    for item in [inputs] if isinstance(inputs, str) else list(inputs):
+        path = Path(str(item)).expanduser()
+        if path.is_dir():
+            files += sorted(p for p in path.rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS)
+        elif path.is_file():
+            files.append(path)
+        elif matches := sorted(Path(p) for p in glob.glob(str(path), recursive=True)):
+            files += [p for p in matches if p.suffix.lower() in IMAGE_EXTENSIONS]
+        else:
+            raise FileNotFoundError(f"inputs: {item} is not a file, a folder or a pattern that matches files")
+    if not files:
+        raise ValueError(f"inputs={inputs} holds no image files ({', '.join(IMAGE_EXTENSIONS)})")
+    return files
+
+
+class ImageFiles(Dataset):
+    """Image files as the net's inputs, preprocessed as the training test set was."""
+
+    def __init__(self, files: list[Path], preprocessing: dict[str, Any]) -> None:
+        self.files = files
+        self.mode = preprocessing["image_mode"]
+        self.transform = image_transform(preprocessing)
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        try:
+            with Image.open(self.files[index]) as file:
+                image = file.convert(self.mode)
+        except OSError as err:
+            raise RuntimeError(f"cannot read image {self.files[index]} ({err})") from err
+        return self.transform(image), -1  # -1: no label
+
+
+def file_loader(files: list[Path], preprocessing: dict[str, Any], batch_size: int) -> DataLoader:
+    collate = COLLATES[preprocessing.get("collate", "stack")]
+    return DataLoader(
+        ImageFiles(files, preprocessing), batch_size=batch_size, shuffle=False, collate_fn=collate
+    )
+
+
+def data_config(cfg: DictConfig, source: Source) -> Any:
+    """The data to use when no image files are given: `data=` if set, else the training run's."""
+    if cfg.get("data") is not None:
+        return cfg.data
+    if source.run_config is not None and source.run_config.get("data"):
+        return source.run_config["data"]
+    return None
+
+
+def test_split(config: Any) -> Any:
+    """The datamodule of `config`, set up, for its test split."""
+    datamodule = instantiate(config, _convert_="all")
+    datamodule.prepare_data()
+    datamodule.setup("test")
+    return datamodule
+
+
+def predictions(probabilities: torch.Tensor, names: list[str], top_k: int) -> list[dict[str, Any]]:
+    """One row per sample: the predicted class and its probability, and the top k classes."""
+    k = min(top_k, probabilities.shape[1])
+    top_p, top_i = probabilities.topk(k, dim=1)
+    rows = []
+    for p_row, i_row in zip(top_p.tolist(), top_i.tolist(), strict=True):
+        rows.append(
+            {
+                "predicted": i_row[0],
+                "predicted_name": names[i_row[0]],
+                "probability": p_row[0],
+                "top_k": [
+                    {"class": i, "name": names[i], "probability": p}
+                    for i, p in zip(i_row, p_row, strict=True)
+                ],
+            }
+        )
+    return rows
+
+
+def write_predictions(rows: list[dict[str, Any]], out_dir: Path) -> None:
+    """predictions.json (everything) and predictions.csv (one line per image; top_k as name:probability)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "predictions.json").write_text(json.dumps(rows, indent=1) + "\n")
+    columns = ["index", "file", "label", "label_name", "predicted", "predicted_name", "probability", "top_k"]
+    with open(out_dir / "predictions.csv", "w", newline="") as file:
+        writer = csv.DictWriter(file, fieldnames=[c for c in columns if c in rows[0]])
+        writer.writeheader()
+        for row in rows:
+            top_k = ";".join(f"{t['name']}:{t['probability']:.6f}" for t in row["top_k"])
+            writer.writerow({key: row[key] for key in writer.fieldnames} | {"top_k": top_k})
+    log.info(f"Wrote {len(rows)} predictions to {out_dir / 'predictions.csv'} and predictions.json")
+
+
+def write_sidecar(
+    artifact: Path, model: LightningModule, fmt: str, max_abs_diff: float, tolerance: float, checkpoint: Path
+) -> Path:
+    """<artifact>.json: what the artifact expects and gives, and how it was checked."""
+    preprocessing = model.hparams.preprocessing
+    sidecar = artifact.with_name(artifact.name + ".json")
+    sidecar.write_text(
+        json.dumps(
+            {
+                "format": fmt,
+                "checkpoint": str(checkpoint),
+                "input": {
+                    "shape": ["batch", *preprocessing["input_shape"]],
+                    "dtype": "float32",
+                    "image_mode": preprocessing["image_mode"],
+                    "preprocessing": preprocessing["transform"],
+                },
+                "output": {
+                    "name": "logits",
+                    "shape": ["batch", model.hparams.num_classes],
+                    "softmax_for": "probabilities",
+                },
+                "class_names": class_names(model),
+                "net": model.hparams.net,
+                "parity": {"max_abs_diff": max_abs_diff, "tolerance": tolerance},
+            },
+            indent=1,
+        )
+        + "\n"
+    )
+    return sidecar

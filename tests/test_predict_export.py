@@ -1,0 +1,196 @@
+"""From a checkpoint to use: predictions on files or a test split, and exports that pass their parity check."""
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from src import exporters
+from src.inference import Source, load_model
+from src.utils.checkpoints import load_checkpoint
+from tests.conftest import only_run_dir, run_cli
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory, data_dir: Path) -> Path:
+    """A short real training run (the MLP on digits); its run dir."""
+    log_dir = tmp_path_factory.mktemp("logs")
+    result = run_cli(
+        "train",
+        "data=digits",
+        "model=mlp",
+        "trainer.max_epochs=2",
+        "run_name=mlp",
+        log_dir=log_dir,
+        data_dir=data_dir,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return log_dir / "train" / "runs" / "mlp"
+
+
+@pytest.fixture(scope="module")
+def digit_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Six digits as PNG files of another size than the 8x8 the model saw; named <index>_<digit>.png."""
+    from sklearn.datasets import load_digits
+
+    folder = tmp_path_factory.mktemp("digits_png")
+    digits = load_digits()
+    for i in range(6):
+        pixels = (digits.images[i] * 255 / 16).astype(np.uint8)
+        Image.fromarray(pixels).resize((24, 24)).save(folder / f"{i}_{digits.target[i]}.png")
+    return folder
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    with open(path) as file:
+        return list(csv.DictReader(file))
+
+
+def test_predictions_on_the_test_split_agree_with_trainer_test(trained: Path, tmp_path: Path, data_dir: Path):
+    result = run_cli("predict", f"run_dir={trained}", log_dir=tmp_path, data_dir=data_dir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = only_run_dir(tmp_path, "predict")
+    rows = read_csv(out / "predictions.csv")
+    assert len(rows) == 250  # the digits test split
+    assert {row["predicted_name"] for row in rows} <= {str(i) for i in range(10)}
+    accuracy = sum(row["predicted"] == row["label"] for row in rows) / len(rows)
+    tested = json.loads((trained / "run.json").read_text())["final_metrics"]["test/acc"]
+    assert accuracy == pytest.approx(tested)  # the same checkpoint (best.ckpt), the same samples
+    detailed = json.loads((out / "predictions.json").read_text())
+    top = detailed[0]["top_k"]
+    assert len(top) == 5 and top[0]["class"] == detailed[0]["predicted"]
+    assert [t["probability"] for t in top] == sorted((t["probability"] for t in top), reverse=True)
+
+
+def test_predictions_on_image_files_need_only_the_checkpoint(
+    trained: Path, digit_files: Path, tmp_path: Path, data_dir: Path
+):
+    checkpoint = tmp_path / "elsewhere" / "model.ckpt"  # outside any run dir: no config beside it
+    checkpoint.parent.mkdir()
+    checkpoint.write_bytes((trained / "checkpoints" / "best.ckpt").read_bytes())
+    inputs = f"inputs=[{digit_files},{digit_files}/0_*.png]"  # a folder and a glob
+    result = run_cli(
+        "predict", f"ckpt_path={checkpoint}", inputs, "top_k=3", log_dir=tmp_path, data_dir=data_dir
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = read_csv(only_run_dir(tmp_path, "predict") / "predictions.csv")
+    assert [Path(row["file"]).name for row in rows] == [f.name for f in sorted(digit_files.iterdir())] + [
+        "0_0.png"
+    ]
+    assert all(len(row["top_k"].split(";")) == 3 for row in rows)
+    correct = sum(row["predicted"] == Path(row["file"]).stem.split("_")[1] for row in rows)
+    assert correct >= 4  # resized from 24x24 back to 8x8 as in training: mostly right
+
+
+@pytest.mark.parametrize("fmt", ["onnx", "torch_export", "state_dict"])
+def test_each_export_format_passes_its_parity_check(trained: Path, tmp_path: Path, data_dir: Path, fmt: str):
+    artifact = tmp_path / f"model.{fmt}"
+    result = run_cli(
+        "export",
+        f"run_dir={trained}",
+        f"format={fmt}",
+        f"output={artifact}",
+        log_dir=tmp_path,
+        data_dir=data_dir,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Parity check passed" in result.stdout + result.stderr
+    sidecar = json.loads(artifact.with_name(artifact.name + ".json").read_text())
+    assert sidecar["format"] == fmt and sidecar["parity"]["max_abs_diff"] <= 1e-5
+    assert sidecar["input"]["shape"] == ["batch", 1, 8, 8] and sidecar["input"]["image_mode"] == "L"
+    assert sidecar["class_names"] == [str(i) for i in range(10)] and sidecar["output"]["name"] == "logits"
+    # Run the artifact on its own, on a batch size it was not exported with.
+    model = load_model(Source(trained / "checkpoints" / "best.ckpt", None))
+    images = torch.randn(5, 1, 8, 8)
+    run = exporters.loader_for(fmt, artifact, sidecar["net"])
+    with torch.no_grad():
+        assert torch.allclose(run(images), model(images), atol=1e-5)
+
+
+def test_a_broken_export_fails_its_parity_check(trained: Path, tmp_path: Path, data_dir: Path):
+    artifact = tmp_path / "model.onnx"
+    strict = ["format=onnx", f"output={artifact}", "tolerance=1e-12"]  # ONNX Runtime differs by ~1e-7
+    result = run_cli("export", f"run_dir={trained}", *strict, log_dir=tmp_path, data_dir=data_dir)
+    assert result.returncode != 0
+    assert "failed its parity check: its outputs differ from the model's by up to" in result.stderr
+    # A candidate that is another model fails at the default tolerance.
+    model = load_model(Source(trained / "checkpoints" / "best.ckpt", None))
+    other = load_model(Source(trained / "checkpoints" / "best.ckpt", None))
+    with torch.no_grad():
+        other.net.layers[-1].bias.add_(0.01)
+    with pytest.raises(ValueError, match=r"failed its parity check: .* more than tolerance=1e-05"):
+        exporters.check_parity(model, other, torch.randn(8, 1, 8, 8), 1e-5, "rigged")
+
+
+def test_an_export_never_overwrites_unless_asked(trained: Path, tmp_path: Path, data_dir: Path):
+    args = [f"run_dir={trained}", "format=state_dict", f"output={tmp_path / 'w.pt'}"]
+    assert run_cli("export", *args, log_dir=tmp_path, data_dir=data_dir).returncode == 0
+    written = (tmp_path / "w.pt").read_bytes()
+    again = run_cli("export", *args, log_dir=tmp_path, data_dir=data_dir)
+    assert (
+        again.returncode != 0
+        and f"{tmp_path / 'w.pt'} exists; give output=<another path>, or overwrite=true" in again.stderr
+    )
+    assert (tmp_path / "w.pt").read_bytes() == written
+
+
+@pytest.mark.parametrize(
+    ("script", "args", "message"),
+    [
+        ("predict", [], "predict needs a checkpoint: ckpt_path=<file.ckpt> or run_dir=logs/train/runs/<run>"),
+        ("predict", ["ckpt_path=/nowhere/model.ckpt"], "ckpt_path=/nowhere/model.ckpt does not exist"),
+        ("export", ["ckpt_path=/nowhere/model.ckpt"], "ckpt_path=/nowhere/model.ckpt does not exist"),
+        (
+            "export",
+            ["run_dir=/nowhere"],
+            "run_dir=/nowhere has no checkpoints/best.ckpt or checkpoints/last.ckpt",
+        ),
+        (
+            "export",
+            ["run_dir=.", "format=tflite"],
+            "format=tflite is not an export format; choose one of onnx, torch_export, state_dict",
+        ),
+        (
+            "predict",
+            ["run_dir=RUN", "inputs=/nowhere/*.png"],
+            "inputs: /nowhere/*.png is not a file, a folder or a pattern",
+        ),
+    ],
+)
+def test_bad_predict_and_export_input_is_refused(
+    trained: Path, tmp_path: Path, data_dir: Path, script, args, message
+):
+    args = [arg.replace("RUN", str(trained)) for arg in args]
+    result = run_cli(script, *args, log_dir=tmp_path, data_dir=data_dir)
+    assert result.returncode != 0
+    assert message in result.stderr
+
+
+def test_onnx_without_the_export_extra_names_it(monkeypatch: pytest.MonkeyPatch):
+    real = exporters.importlib.util.find_spec
+    monkeypatch.setattr(
+        exporters.importlib.util, "find_spec", lambda name: None if name == "onnxscript" else real(name)
+    )
+    with pytest.raises(
+        ModuleNotFoundError, match=r"format=onnx needs the export extra \(missing: onnxscript\): pip install"
+    ):
+        exporters.require(exporters.ONNX_PACKAGES, "format=onnx")
+
+
+def test_a_checkpoint_saved_from_a_torch_compiled_net_loads_too(trained: Path, tmp_path: Path):
+    """Checkpoints written by code that wrapped the net in torch.compile carry `_orig_mod.` in their keys."""
+    checkpoint = load_checkpoint(trained / "checkpoints" / "best.ckpt")
+    checkpoint["state_dict"] = {
+        name.replace("net.", "net._orig_mod.", 1): t for name, t in checkpoint["state_dict"].items()
+    }
+    foreign = tmp_path / "compiled.ckpt"
+    torch.save(checkpoint, foreign)
+    model = load_model(Source(foreign, None))
+    reference = load_model(Source(trained / "checkpoints" / "best.ckpt", None))
+    images = torch.randn(4, 1, 8, 8)
+    with torch.no_grad():
+        assert torch.equal(model(images), reference(images))
