@@ -16,7 +16,6 @@ TINY = ["data=digits", "model=mlp", "trainer.max_epochs=2"]
     "trainer",
     [
         ["trainer=ddp_sim"],
-        ["trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2"],
         ["trainer=ddp_spawn", "trainer.accelerator=cpu", "trainer.devices=2"],
     ],
 )
