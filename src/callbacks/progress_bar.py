@@ -1,0 +1,31 @@
+"""Lightning's rich progress bar, drawing training batches at most `refresh_rate` times a second."""
+
+import time
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.callbacks import RichProgressBar
+
+
+class ThrottledRichProgressBar(RichProgressBar):
+    """Lightning's RichProgressBar (same arguments), but a training batch that ends less than 1/`refresh_rate`
+    seconds after the last drawn one is not drawn.
+
+    Lightning 2.6 updates the bar and reads every progress-bar metric back to the host (`.item()`) after
+    each training batch: a GPU sync per step, and a fixed cost that shows on small models. The bar redraws
+    `refresh_rate` times a second anyway, so nothing visible is lost. The last batch of an epoch is always drawn.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._drawn_at = float("-inf")
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        now = time.monotonic()
+        last = batch_idx + 1 == self.total_train_batches
+        if self.is_enabled and not last and now - self._drawn_at < 1 / self.refresh_rate:
+            return
+        self._drawn_at = now
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
