@@ -1,11 +1,13 @@
-"""Base for datasets small enough to hold in memory as tensors (MNIST, digits): normalised once, shifted on the device."""
+"""Base for datasets small enough to hold in memory as tensors (MNIST, digits): normalised once, shifted on the
+device, and served a whole batch at a time."""
 
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch.utils.data import TensorDataset
+from torch import Tensor
+from torch.utils.data import Dataset, Subset, TensorDataset
 
 from src.data.classification_datamodule import ClassificationDataModule
 
@@ -15,7 +17,13 @@ class InMemoryDataModule(ClassificationDataModule):
 
     Every argument is documented in configs/data/mnist5k.yaml. `split` gives the sizes (or fractions) of the
     splits that `load_datasets` draws with `split_seed`; `mean`/`std` standardise pixels scaled to [0, 1].
+    `loading` says how batches are made from the tensors (same samples, same order, whichever is chosen):
+    `samples` one sample at a time and a collate, as a custom Dataset would; `batches` (the default) a whole
+    batch with one indexing operation per tensor; `device` the same, from tensors moved once to the
+    accelerator (a GPU), so no batch is copied from the host.
     """
+
+    LOADINGS = ("samples", "batches", "device")
 
     def __init__(
         self,
@@ -27,6 +35,7 @@ class InMemoryDataModule(ClassificationDataModule):
         mean: float = 0.0,
         std: float = 1.0,
         random_shift: int = 0,
+        loading: str = "batches",
         batch_size: int = 64,
         num_workers: int = 0,
         pin_memory: bool = False,
@@ -46,6 +55,27 @@ class InMemoryDataModule(ClassificationDataModule):
             prefetch_factor=prefetch_factor,
             drop_last=drop_last,
         )
+        if loading not in self.LOADINGS:
+            raise ValueError(f"data.loading={loading} is not one of {', '.join(self.LOADINGS)}")
+        if loading == "device" and (num_workers > 0 or pin_memory):
+            raise ValueError(
+                f"data.loading=device serves batches from the accelerator's memory: it needs data.num_workers=0 "
+                f"and data.pin_memory=false (got {num_workers} and {pin_memory})"
+            )
+        if loading != "samples":
+            self.collate_fn = keep_batch
+
+    def setup(self, stage: str | None = None) -> None:
+        fresh = self.data_train is None
+        super().setup(stage)
+        if fresh and self.hparams.loading != "samples":
+            device = None
+            if self.hparams.loading == "device" and self.trainer is not None:
+                device = self.trainer.strategy.root_device
+            self.data_train, self.data_val, self.data_test = (
+                TensorBatches(*_tensors(split), device=device)
+                for split in (self.data_train, self.data_val, self.data_test)
+            )
 
     def inference_preprocessing(self) -> dict[str, Any]:
         """An image file becomes what training saw: grayscale (or RGB), resized to input_shape, scaled to
@@ -87,6 +117,37 @@ def standard_transform(size: list[int], mean: list[float], std: list[float]) -> 
             {"_target_": "torchvision.transforms.v2.Normalize", "mean": list(mean), "std": list(std)},
         ],
     }
+
+
+class TensorBatches(TensorDataset):
+    """A TensorDataset that serves whole batches: the DataLoader hands `__getitems__` a batch's indices, and
+    each tensor is indexed once, instead of `batch_size` calls to `__getitem__` and a collate."""
+
+    def __init__(self, *tensors: Tensor, device: torch.device | None = None) -> None:
+        super().__init__(*(t.to(device) if device is not None else t for t in tensors))
+
+    def __getitems__(self, indices: list[int]) -> list[Tensor]:
+        index = torch.as_tensor(indices, device=self.tensors[0].device)
+        return [tensor[index] for tensor in self.tensors]
+
+
+def keep_batch(batch: list[Tensor]) -> list[Tensor]:
+    """The collate of TensorBatches: its batches are made already. (A function, so worker processes can
+    pickle it.)"""
+    return batch
+
+
+def _tensors(dataset: Dataset) -> tuple[Tensor, ...]:
+    """The rows of a TensorDataset, or of a Subset of one, in the dataset's order, as contiguous tensors."""
+    if isinstance(dataset, Subset):
+        index = torch.as_tensor(dataset.indices)
+        return tuple(tensor[index] for tensor in _tensors(dataset.dataset))
+    if isinstance(dataset, TensorDataset):
+        return dataset.tensors
+    raise TypeError(
+        f"data.loading=batches needs tensor datasets, but this split is a {type(dataset).__name__}; "
+        "use data.loading=samples"
+    )
 
 
 def normalized_dataset(images: torch.Tensor, labels: torch.Tensor, mean: float, std: float) -> TensorDataset:
