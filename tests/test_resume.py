@@ -144,6 +144,29 @@ class _FailsHalfway:
         raise OSError("disk full (simulated)")
 
 
+@pytest.mark.parametrize(("min_seconds", "saved_epochs"), [(0, [0, 1, 2]), (3600, [0, 2])])
+def test_short_epochs_skip_their_latest_state_save_but_never_the_last_one(
+    compose_cfg, monkeypatch: pytest.MonkeyPatch, min_seconds: float, saved_epochs: list[int]
+):
+    import lightning as L
+    from hydra.utils import instantiate
+
+    from src.callbacks.latest_checkpoint import LatestCheckpoint
+
+    cfg = compose_cfg("train", ["data=digits", "model=mlp"])
+    saved = []
+    monkeypatch.setattr(
+        L.Trainer, "save_checkpoint", lambda trainer, *a, **k: saved.append(trainer.current_epoch)
+    )
+    latest = LatestCheckpoint(cfg.paths.output_dir, min_seconds_between=min_seconds)
+    trainer = L.Trainer(
+        max_epochs=3, limit_train_batches=2, limit_val_batches=1, callbacks=[latest], logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+    )  # fmt: skip
+    trainer.fit(instantiate(cfg.model), datamodule=instantiate(cfg.data, _convert_="all"))
+    assert saved == saved_epochs
+
+
 def test_a_checkpoint_write_that_fails_halfway_leaves_the_previous_one(tmp_path: Path):
     target = tmp_path / "last.ckpt"
     io = AtomicCheckpointIO()
