@@ -46,6 +46,20 @@ def test_model_options_instantiate_and_fit_the_data(compose_cfg, option):
         assert model(torch.zeros(shape)).shape == (2, 10)
 
 
+def test_channels_last_converts_the_convs_and_gives_the_same_outputs(compose_cfg):
+    cfg = compose_cfg("train", ["model=cnn", "data=mnist5k"])
+    plain = instantiate(cfg.model)
+    fast = instantiate(compose_cfg("train", ["model=cnn", "data=mnist5k", "model.channels_last=true"]).model)
+    fast.load_state_dict(plain.state_dict())
+    fast.configure_model()  # what the Trainer calls once the strategy is set up
+    conv = next(m for m in fast.net.modules() if isinstance(m, torch.nn.Conv2d))
+    assert conv.weight.is_contiguous(memory_format=torch.channels_last)
+    images = torch.randn(4, 1, 28, 28)
+    plain.eval(), fast.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(fast(images), plain(images))
+
+
 @pytest.mark.parametrize("part", ["optimizer", "scheduler"])
 def test_optimizer_and_scheduler_options_compose(compose_cfg, part):
     for option in options(f"model/{part}"):

@@ -6,11 +6,15 @@ import lightning as L
 
 
 class Throughput(L.Callback):
-    """Logs `perf/train_samples_per_sec` at the end of every training epoch.
+    """Logs two figures at the end of every training epoch, both leaving out the first `warmup_steps` steps
+    of the run, where torch.compile compiles and CUDA warms up (a compiled run is not charged its compile):
 
-    It times the epoch's training batches, data loading included, from the end of one batch to the end of
-    the next, and leaves out the first `warmup_steps` steps of the run, where torch.compile compiles and
-    CUDA warms up, so a compiled run is not charged its compile time. Validation is not counted.
+    - `perf/train_samples_per_sec`: this epoch's training batches only, data loading included, timed from the
+      end of one batch to the end of the next; validation and checkpointing are not counted.
+    - `perf/fit_samples_per_sec`: every training sample since the warm-up over all the wall time since then,
+      validation, checkpoints and logging included: what a run really gets.
+
+    Both count the samples of all ranks together. Timing reads only the host clock: no device sync.
     """
 
     def __init__(self, warmup_steps: int = 1) -> None:
@@ -19,6 +23,10 @@ class Throughput(L.Callback):
         self.warmup_steps = warmup_steps
         self._samples, self._seconds, self._last = 0, 0.0, 0.0
         self._steps_seen = 0
+        self._fit_samples, self._fit_start = 0, None
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._fit_start = time.perf_counter() if self.warmup_steps == 0 else None
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._samples, self._seconds, self._last = 0, 0.0, time.perf_counter()
@@ -31,14 +39,19 @@ class Throughput(L.Callback):
         if self._steps_seen > self.warmup_steps:
             self._samples += len(batch[0])
             self._seconds += now - self._last
+            self._fit_samples += len(batch[0])
+        elif self._steps_seen == self.warmup_steps:
+            self._fit_start = now
         self._last = now
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._last = time.perf_counter()  # a validation inside the epoch is not training time
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        world = trainer.world_size  # every rank trains its share
         if self._seconds > 0:
-            rate = self._samples * trainer.world_size / self._seconds  # every rank trains its share
-            pl_module.log(
-                "perf/train_samples_per_sec", rate, on_step=False, on_epoch=True, rank_zero_only=True
-            )
+            rate = self._samples * world / self._seconds
+            pl_module.log("perf/train_samples_per_sec", rate, rank_zero_only=True)
+        if self._fit_start is not None and self._fit_samples:
+            rate = self._fit_samples * world / (time.perf_counter() - self._fit_start)
+            pl_module.log("perf/fit_samples_per_sec", rate, rank_zero_only=True)
