@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 # Re-install only when the dependency files change.
 STAMP := $(VENV)/.installed
 
-.PHONY: help install train test test-fast lint format clean
+.PHONY: help install train test test-fast bench lint format clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -21,10 +21,13 @@ train: install  ## train with the default config (offline MNIST digits) and prin
 	$(PY) src/train.py
 
 test: install  ## run the whole test suite (what CI runs)
-	$(PY) -m pytest -n 2
+	$(PY) -m pytest -n 2 --dist worksteal
 
 test-fast: install  ## run the tests not marked slow
-	$(PY) -m pytest -n 2 -m "not slow"
+	$(PY) -m pytest -n 2 --dist worksteal -m "not slow"
+
+bench: install  ## measure the template against hand-written PyTorch loops (scripts/benchmark.py; a few minutes)
+	$(PY) scripts/benchmark.py
 
 lint: install  ## check style with ruff
 	$(VENV)/bin/ruff check src tests scripts hydra_plugins
