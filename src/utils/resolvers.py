@@ -52,8 +52,12 @@ def run_label() -> str | None:
     when there are none. Keys in hydra.job.config.override_dirname.exclude_keys (paths, extras) are left out."""
     if not HydraConfig.initialized():
         return None
-    job = HydraConfig.get().job
-    return job.override_dirname or Path(HydraConfig.get().runtime.output_dir).name
+    hydra = HydraConfig.get()
+    if hydra.job.override_dirname:
+        return hydra.job.override_dirname
+    # A config composed with Hydra's compose API (tests, notebooks) has no run dir: wandb picks a name.
+    output_dir = OmegaConf.select(hydra, "runtime.output_dir", throw_on_missing=False)
+    return Path(output_dir).name if output_dir and output_dir != "???" else None
 
 
 def snapshot_subdir(run_dir: str) -> str:
