@@ -1,16 +1,13 @@
 """The datamodules: fixed splits, batch size split across devices, and clear errors for bad input."""
 
-import struct
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
 from src.data.classification_datamodule import split_batch_size
 from src.data.digits_datamodule import DigitsDataModule
 from src.data.mnist5k_datamodule import MNIST5kDataModule
-from src.data.mnist_datamodule import MNISTDataModule
 
 
 def test_mnist5k_has_a_fixed_4000_500_500_split_of_real_digits(data_dir: Path):
@@ -90,47 +87,6 @@ def test_wrong_input_shape_is_refused(data_dir: Path):
         ValueError, match=r"data.input_shape=\[1, 28, 28\] but digits images have shape \[1, 8, 8\]"
     ):
         dm.setup()
-
-
-def write_idx(raw: Path, prefix: str, images: np.ndarray, labels: np.ndarray) -> None:
-    """Write MNIST's IDX format: big-endian magic, sizes, then uint8 data."""
-    n, rows, cols = images.shape
-    (raw / f"{prefix}-images-idx3-ubyte").write_bytes(
-        struct.pack(">IIII", 2051, n, rows, cols) + images.tobytes()
-    )
-    (raw / f"{prefix}-labels-idx1-ubyte").write_bytes(struct.pack(">II", 2049, n) + labels.tobytes())
-
-
-def test_mnist_reads_the_four_idx_files(tmp_path: Path):
-    raw = tmp_path / "MNIST" / "raw"
-    raw.mkdir(parents=True)
-    rng = np.random.default_rng(0)
-    write_idx(
-        raw, "train", rng.integers(0, 256, (60, 28, 28), dtype=np.uint8), np.arange(60, dtype=np.uint8) % 10
-    )
-    write_idx(
-        raw, "t10k", rng.integers(0, 256, (20, 28, 28), dtype=np.uint8), np.arange(20, dtype=np.uint8) % 10
-    )
-    dm = MNISTDataModule(
-        data_dir=str(tmp_path),
-        num_classes=10,
-        input_shape=[1, 28, 28],
-        split=[50, 10],
-        download=False,
-        batch_size=10,
-    )
-    dm.prepare_data()
-    dm.setup()
-    assert (len(dm.data_train), len(dm.data_val), len(dm.data_test)) == (50, 10, 20)
-    assert next(iter(dm.test_dataloader()))[1].tolist() == list(range(10))
-
-
-def test_missing_mnist_names_where_to_put_the_files(tmp_path: Path):
-    dm = MNISTDataModule(
-        data_dir=str(tmp_path), num_classes=10, input_shape=[1, 28, 28], split=[50, 10], download=False
-    )
-    with pytest.raises(FileNotFoundError, match=r"MNIST is not in .*MNIST/raw.*train-images-idx3-ubyte"):
-        dm.prepare_data()
 
 
 def test_wrong_num_classes_is_refused(data_dir: Path):
