@@ -4,6 +4,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 # Re-install only when the dependency files change.
 STAMP := $(VENV)/.installed
+# The pinned versions `make install` uses; `make test LOCK=` installs the newest that pyproject.toml allows.
+LOCK ?= requirements.lock
 
 .PHONY: help install train test test-fast bench lint format clean
 
@@ -12,7 +14,7 @@ help:  ## list the targets
 
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -e ".[dev]" -c requirements.lock
+	$(PY) -m pip install -e ".[dev]" $(if $(LOCK),-c $(LOCK))
 	touch $(STAMP)
 
 install: $(STAMP)  ## create .venv and install the project with the pinned dependencies
