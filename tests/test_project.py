@@ -1,0 +1,265 @@
+"""Clone it and own it: the pre-commit hooks pass, the Makefile documents itself and cleans safely, the CI
+workflow is what the README says, shell completion installs, and copier generates projects that run."""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import ROOT
+
+BIN = Path(sys.executable).parent  # the venv's tools (the dev extra)
+
+
+def tracked_files() -> list[str]:
+    """The files git would commit: tracked plus untracked-but-not-ignored."""
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return [name for name in listed.stdout.splitlines() if (ROOT / name).is_file()]
+
+
+def hook_args(hook_id: str) -> list[str]:
+    """The arguments .pre-commit-config.yaml gives a hook, so this test and the hook run alike."""
+    config = yaml.safe_load((ROOT / ".pre-commit-config.yaml").read_text())
+    for repo in config["repos"]:
+        for hook in repo["hooks"]:
+            if hook["id"] == hook_id:
+                return hook.get("args", [])
+    raise AssertionError(f"no hook {hook_id} in .pre-commit-config.yaml")
+
+
+def test_every_pre_commit_hook_is_one_this_test_runs():
+    config = yaml.safe_load((ROOT / ".pre-commit-config.yaml").read_text())
+    hooks = {hook["id"] for repo in config["repos"] for hook in repo["hooks"]}
+    checked = {"trailing-whitespace", "end-of-file-fixer", "check-yaml", "check-toml"}
+    checked |= {"check-added-large-files", "check-merge-conflict", "ruff", "ruff-format", "codespell"}
+    assert hooks == checked | {"nbstripout"}
+
+
+def test_no_trailing_whitespace_and_one_final_newline():
+    # What the trailing-whitespace and end-of-file-fixer hooks would fix, checked without changing files.
+    bad = []
+    for name in tracked_files():
+        data = (ROOT / name).read_bytes()
+        if b"\0" in data or not data:
+            continue  # binary or empty
+        lines = data.split(b"\n")
+        bad += [
+            f"{name}:{i + 1}: trailing whitespace" for i, line in enumerate(lines) if line.rstrip() != line
+        ]
+        if not data.endswith(b"\n") or data.endswith(b"\n\n"):
+            bad.append(f"{name}: must end with exactly one newline")
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize(
+    ("hook", "tool", "suffixes"),
+    [
+        ("check-yaml", "check-yaml", (".yaml", ".yml")),
+        ("check-toml", "check-toml", (".toml",)),
+        ("check-merge-conflict", "check-merge-conflict", None),
+        ("check-added-large-files", "check-added-large-files", None),
+        ("codespell", "codespell", None),
+    ],
+)
+def test_the_checking_hooks_pass_on_every_file(hook: str, tool: str, suffixes: tuple[str, ...] | None):
+    files = [name for name in tracked_files() if suffixes is None or name.endswith(suffixes)]
+    extra = ["--enforce-all"] if hook == "check-added-large-files" else []  # not only files being added
+    result = subprocess.run(
+        [BIN / tool, *hook_args(hook), *extra, *files], cwd=ROOT, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_committed_notebooks_have_no_outputs():
+    notebooks = [name for name in tracked_files() if name.endswith(".ipynb")]
+    if notebooks:  # nbstripout --verify fails on any notebook that still holds outputs
+        result = subprocess.run(
+            [BIN / "nbstripout", "--verify", *notebooks], cwd=ROOT, capture_output=True, text=True
+        )
+        assert result.returncode == 0, result.stdout + result.stderr
+    # The hook's tool is there for when notebooks are added.
+    assert (BIN / "nbstripout").exists()
+
+
+def makefile_targets() -> list[str]:
+    text = (ROOT / "Makefile").read_text()
+    return re.findall(r"^([a-z][a-z-]*):", text, flags=re.M)
+
+
+def test_make_help_lists_every_target_with_one_line():
+    result = subprocess.run(["make", "help"], cwd=ROOT, capture_output=True, text=True, check=True)
+    lines = result.stdout.splitlines()
+    for target in makefile_targets():
+        line = next((line for line in lines if line.split()[:1] == [target]), None)
+        assert line is not None and len(line.split()) > 2, f"make help has no line for {target}"
+
+
+def test_make_clean_removes_logs_and_caches_but_never_data(tmp_path: Path):
+    shutil.copy(ROOT / "Makefile", tmp_path / "Makefile")
+    files = ["logs/train/runs/x/run.json", "data/mnist5k/mnist_5k.npz", "data/.gitkeep", "logs/.gitkeep"]
+    files += [".pytest_cache/v/x", ".ruff_cache/x", "src/__pycache__/a.pyc", ".venv/lib/__pycache__/b.pyc"]
+    for name in files:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x")
+    subprocess.run(["make", "clean"], cwd=tmp_path, capture_output=True, text=True, check=True)
+    left = {str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file()}
+    assert left == {
+        "Makefile",
+        "data/mnist5k/mnist_5k.npz",
+        "data/.gitkeep",
+        "logs/.gitkeep",
+        ".venv/lib/__pycache__/b.pyc",
+    }
+
+
+def test_the_ci_workflow_lints_then_tests_three_pythons_and_checks_the_newest_lightning_weekly():
+    workflow = yaml.safe_load((ROOT / ".github" / "workflows" / "ci.yml").read_text())
+    triggers = workflow.get("on", workflow.get(True))  # YAML 1.1 reads a bare `on` as true
+    assert {"push", "pull_request", "schedule"} <= set(triggers)
+    assert triggers["schedule"][0]["cron"].split()[-1] == "1"  # weekly, on Mondays
+    jobs = workflow["jobs"]
+    assert set(jobs) == {"lint", "test", "newest-lightning"}
+    assert any("pre-commit run --all-files" in step.get("run", "") for step in jobs["lint"]["steps"])
+    test = jobs["test"]
+    assert test["needs"] == "lint"
+    assert test["strategy"]["matrix"]["python"] == ["3.10", "3.11", "3.12"]
+    runs = " ".join(step.get("run", "") for step in test["steps"])
+    assert "make test" in runs and "TORCH_INDEX" in runs
+    assert workflow["env"]["TORCH_INDEX"] == "https://download.pytorch.org/whl/cpu"
+    assert any(step.get("with", {}).get("cache") == "pip" for step in test["steps"])
+    newest = " ".join(step.get("run", "") for step in jobs["newest-lightning"]["steps"])
+    assert "--upgrade" in newest and "lightning" in newest and "pytest" in newest
+    assert "schedule" in jobs["newest-lightning"]["if"]
+
+
+def test_shell_completion_installs_for_bash():
+    result = subprocess.run(
+        [sys.executable, "src/train.py", "-sc", "install=bash"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+    assert "complete -o nospace -o default -F hydra_bash_completion" in result.stdout
+
+
+# --- project generation (copier) --------------------------------------------------------------------------
+
+# In a project generated from the template, copier.yml is gone: these tests belong to the template.
+TEMPLATE_ONLY = pytest.mark.skipif(
+    not (ROOT / "copier.yml").exists(), reason="a generated project has no copier.yml to generate from"
+)
+
+
+def copier(template: Path, dest: Path, *answers: str) -> None:
+    data = [arg for answer in answers for arg in ("--data", answer)]
+    command = [BIN / "copier", "copy", "--trust", "--defaults", "--vcs-ref", "HEAD", *data, template, dest]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def run_in(project: Path, *command: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    """Run a command in a generated project, importing its own `src` (not this repo's installed one)."""
+    env = {**os.environ, "PYTHONPATH": str(project), "OMP_NUM_THREADS": "1"}
+    return subprocess.run(command, cwd=project, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """This repo as a user's clone of it holds it: its committed files, plus the working tree's changes."""
+    clone = tmp_path_factory.mktemp("template") / "repo"
+    subprocess.run(["git", "clone", "--quiet", ROOT, clone], check=True)
+    for name in tracked_files():  # uncommitted work too, so the test checks what is here
+        (clone / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / name, clone / name)
+    for name in subprocess.run(
+        ["git", "ls-files", "--deleted"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.splitlines():
+        (clone / name).unlink(missing_ok=True)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "add", "-A"], cwd=clone, check=True)
+    subprocess.run(
+        [*git, "commit", "--quiet", "--allow-empty", "-m", "work in progress"], cwd=clone, check=True
+    )
+    return clone
+
+
+@TEMPLATE_ONLY
+@pytest.mark.slow
+def test_a_project_generated_with_the_defaults_keeps_everything_and_runs(template: Path, tmp_path: Path):
+    project = tmp_path / "my-project"
+    copier(template, project)
+    assert 'name = "my-project"' in (project / "pyproject.toml").read_text()
+    assert (project / "README.md").read_text().startswith("# my-project\n")
+    assert (project / "src" / "data" / "image_folder_datamodule.py").exists()
+    answers = yaml.safe_load((project / ".copier-answers.yml").read_text())
+    assert answers["keep_examples"] is True and answers["loggers"] == ["csv"]  # what copier update reuses
+    assert not (project / "copier.yml").exists() and not (project / ".venv").exists()
+
+    fdr = run_in(project, sys.executable, "src/train.py", "debug=fdr")
+    assert fdr.returncode == 0, fdr.stderr[-3000:]
+    assert (project / "logs" / "debug" / "runs").is_dir()  # the project's own logs/, not this repo's
+
+
+@TEMPLATE_ONLY
+@pytest.mark.slow
+def test_a_project_generated_without_examples_passes_its_own_tests(template: Path, tmp_path: Path):
+    project = tmp_path / "cells"
+    copier(
+        template,
+        project,
+        "project_name=Cell counting",
+        "description=Counts cells in microscope images.",
+        "author=Ada Lovelace",
+        "python_version=3.11",
+        "wandb_entity=lab",
+        "keep_examples=false",
+        'loggers=["csv", "wandb"]',
+    )
+    pyproject = (project / "pyproject.toml").read_text()
+    assert 'name = "cell-counting"' in pyproject and 'requires-python = ">=3.11"' in pyproject
+    assert 'authors = [{ name = "Ada Lovelace" }]' in pyproject
+    readme = (project / "README.md").read_text()
+    assert readme.startswith("# Cell counting\n\nCounts cells in microscope images.\n")
+    assert "data=image_folder" not in readme and "<!-- example -->" not in readme
+    for example in (
+        "src/data/image_folder_datamodule.py",
+        "configs/data/mnist.yaml",
+        "tests/test_image_folder.py",
+    ):
+        assert not (project / example).exists()
+    wandb = yaml.safe_load((project / "configs" / "logger" / "wandb.yaml").read_text())["wandb"]
+    assert (wandb["project"], wandb["entity"]) == ("cell-counting", "lab")
+    assert "  - logger: default" in (project / "configs" / "train.yaml").read_text()
+
+    # Its own tests: every config option composes (the stripped ones are gone from the groups), and its code
+    # passes its linter.
+    tests = run_in(
+        project, sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0",
+        "tests/test_configs.py", "tests/test_code_quality.py",
+    )  # fmt: skip
+    assert tests.returncode == 0, tests.stdout[-3000:]
+    assert re.search(r"\d+ passed", tests.stdout)
+    fdr = run_in(project, sys.executable, "src/train.py", "debug=fdr", "logger.wandb.offline=true")
+    assert fdr.returncode == 0, fdr.stderr[-3000:]
+    run = next((project / "logs" / "debug" / "runs").iterdir())
+    assert json.loads((run / "run.json").read_text())["status"] == "completed"
+
+
+def test_new_project_refuses_an_unknown_logger(tmp_path: Path):
+    result = subprocess.run(
+        [sys.executable, ROOT / "scripts" / "new_project.py", "--name", "x", "--loggers", "csv,neptune"],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 2
+    assert "--loggers: neptune is not a logger; choose from csv, tensorboard, wandb, mlflow" in result.stderr
