@@ -17,7 +17,12 @@ from torch.utils.data import Dataset
 
 from src.data.classification_datamodule import ClassificationDataModule
 from src.data.components.collate import COLLATES
-from src.data.components.image_dataset import ImageDataset, default_transform, readable
+from src.data.components.image_dataset import (
+    ImageDataset,
+    default_transform,
+    default_transform_config,
+    readable,
+)
 from src.data.components.labels import (
     ClassIndex,
     Sample,
@@ -138,25 +143,11 @@ class ImageFolderDataModule(ClassificationDataModule):
     def inference_preprocessing(self) -> dict[str, Any]:
         """What the test images went through: their transforms config (test's, else val's), colour mode and
         batching."""
-        configs = self.hparams.transforms or {}
-        transform = configs.get("test") or configs.get("val")
-        if transform is None:  # no transforms configured: ToImage + scale to [0, 1]
-            transform = {
-                "_target_": "torchvision.transforms.v2.Compose",
-                "transforms": [
-                    {"_target_": "torchvision.transforms.v2.ToImage"},
-                    {
-                        "_target_": "torchvision.transforms.v2.ToDtype",
-                        "dtype": {"_target_": "hydra.utils.get_object", "path": "torch.float32"},
-                        "scale": True,
-                    },
-                ],
-            }
         return {
             "image_mode": self.hparams.image_mode,
             "input_shape": list(self.hparams.input_shape),
             "collate": self.hparams.collate,
-            "transform": transform,
+            "transform": self._transform_config("test") or default_transform_config(),
         }
 
     def _listed(self, stage: str) -> list[Sample] | None:
@@ -222,12 +213,14 @@ class ImageFolderDataModule(ClassificationDataModule):
         bounds = [0, sizes[0], sizes[0] + sizes[1], total]
         return {stage: [pool[j] for j in order[bounds[i] : bounds[i + 1]]] for i, stage in enumerate(STAGES)}
 
-    def _transform(self, stage: str) -> Any:
+    def _transform_config(self, stage: str) -> dict[str, Any] | None:
+        """The transforms config of `stage` (test falls back to val's); None when it has none."""
         configs = self.hparams.transforms or {}
-        config = configs.get(stage) or (configs.get("val") if stage == "test" else None)
-        if config is None:
-            return default_transform()
-        return instantiate(config)
+        return configs.get(stage) or (configs.get("val") if stage == "test" else None)
+
+    def _transform(self, stage: str) -> Any:
+        config = self._transform_config(stage)
+        return default_transform() if config is None else instantiate(config)
 
     def _check_shapes(self, dataset: Dataset) -> None:
         image = next(item for item in (dataset[i] for i in range(len(dataset))) if item is not None)[0]

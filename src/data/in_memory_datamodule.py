@@ -10,6 +10,7 @@ from torch import Tensor
 from torch.utils.data import Dataset, Subset, TensorDataset
 
 from src.data.classification_datamodule import ClassificationDataModule
+from src.data.components.image_dataset import TO_FLOAT, TO_IMAGE, compose
 
 
 class InMemoryDataModule(ClassificationDataModule):
@@ -104,19 +105,12 @@ class InMemoryDataModule(ClassificationDataModule):
 
 def standard_transform(size: list[int], mean: list[float], std: list[float]) -> dict[str, Any]:
     """A transforms-v2 config: PIL image -> resized float tensor in [0, 1] -> standardised."""
-    return {
-        "_target_": "torchvision.transforms.v2.Compose",
-        "transforms": [
-            {"_target_": "torchvision.transforms.v2.ToImage"},
-            {"_target_": "torchvision.transforms.v2.Resize", "size": list(size), "antialias": True},
-            {
-                "_target_": "torchvision.transforms.v2.ToDtype",
-                "dtype": {"_target_": "hydra.utils.get_object", "path": "torch.float32"},
-                "scale": True,
-            },
-            {"_target_": "torchvision.transforms.v2.Normalize", "mean": list(mean), "std": list(std)},
-        ],
-    }
+    return compose(
+        TO_IMAGE,
+        {"_target_": "torchvision.transforms.v2.Resize", "size": list(size), "antialias": True},
+        TO_FLOAT,
+        {"_target_": "torchvision.transforms.v2.Normalize", "mean": list(mean), "std": list(std)},
+    )
 
 
 class TensorBatches(TensorDataset):

@@ -1,10 +1,13 @@
 """A Dataset of image files with labels: decoded with PIL, transformed by torchvision's transforms v2."""
 
+import copy
 import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
+from hydra.utils import instantiate
 from PIL import Image
 from torch.utils.data import Dataset
 from torchvision.transforms import v2
@@ -15,9 +18,28 @@ log = logging.getLogger(__name__)
 UNREADABLE = (OSError, ValueError, SyntaxError, Image.DecompressionBombError)
 
 
+# The steps every transforms-v2 pipeline needs at least, as config: PIL image to a tensor, then to float32 in
+# [0, 1]. Configs (not objects) so that checkpoints can record the preprocessing for predict and export.
+TO_IMAGE = {"_target_": "torchvision.transforms.v2.ToImage"}
+TO_FLOAT = {
+    "_target_": "torchvision.transforms.v2.ToDtype",
+    "dtype": {"_target_": "hydra.utils.get_object", "path": "torch.float32"},
+    "scale": True,
+}
+
+
+def compose(*steps: dict[str, Any]) -> dict[str, Any]:
+    """The config of a transforms-v2 pipeline of `steps` (copies: a caller may store or change it)."""
+    return {"_target_": "torchvision.transforms.v2.Compose", "transforms": copy.deepcopy(list(steps))}
+
+
+def default_transform_config() -> dict[str, Any]:
+    """What a stage without configured transforms gets: TO_IMAGE, then TO_FLOAT."""
+    return compose(TO_IMAGE, TO_FLOAT)
+
+
 def default_transform() -> v2.Transform:
-    """PIL image to a float32 tensor in [0, 1]: what every transform pipeline needs at least."""
-    return v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=True)])
+    return instantiate(default_transform_config())
 
 
 class ImageDataset(Dataset):
