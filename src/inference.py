@@ -22,7 +22,7 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
 from src.data.components.collate import COLLATES
-from src.data.components.labels import IMAGE_EXTENSIONS
+from src.data.components.labels import IMAGE_EXTENSIONS, names_or_indices
 from src.utils.checkpoints import check_checkpoint, load_checkpoint
 from src.utils.run_record import RECORD_FILE
 
@@ -77,8 +77,7 @@ def load_model(source: Source, module: str | None = None) -> LightningModule:
 
 
 def class_names(model: LightningModule) -> list[str]:
-    names = model.hparams.get("class_names")
-    return list(names) if names else [str(i) for i in range(model.hparams.num_classes)]
+    return names_or_indices(model.hparams.get("class_names"), model.hparams.num_classes)
 
 
 def image_transform(preprocessing: dict[str, Any]) -> Any:

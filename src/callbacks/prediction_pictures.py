@@ -16,6 +16,8 @@ from lightning.pytorch.loggers import MLFlowLogger, TensorBoardLogger, WandbLogg
 from torch import Tensor
 from torchmetrics.classification import MulticlassConfusionMatrix
 
+from src.data.components.labels import names_or_indices
+
 IMAGE_LOGGERS = (WandbLogger, TensorBoardLogger, MLFlowLogger)
 
 
@@ -121,7 +123,7 @@ class PredictionPictures(L.Callback):
 
 def _class_names(trainer: L.Trainer, num_classes: int) -> list[str]:
     names = getattr(trainer.datamodule, "hparams", {}).get("class_names") if trainer.datamodule else None
-    return [str(name) for name in names] if names else [str(i) for i in range(num_classes)]
+    return names_or_indices(names, num_classes)
 
 
 def _log_picture(logger: Any, tag: str, picture: np.ndarray, step: int) -> None:

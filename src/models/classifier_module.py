@@ -11,6 +11,8 @@ from torch import Tensor
 from torchmetrics import MaxMetric, MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
+from src.data.components.labels import names_or_indices
+
 
 def _plain(config: Any) -> Any:
     """A config as plain dicts and lists, so checkpoints hold only data that `weights_only=True` loads."""
@@ -79,9 +81,7 @@ class ClassifierModule(L.LightningModule):
         if datamodule is not None and hasattr(datamodule, "inference_preprocessing"):
             self.hparams.preprocessing = datamodule.inference_preprocessing()
             names = datamodule.hparams.get("class_names")
-            self.hparams.class_names = (
-                list(names) if names else [str(i) for i in range(self.hparams.num_classes)]
-            )
+            self.hparams.class_names = names_or_indices(names, self.hparams.num_classes)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # A net compiled with torch.compile(net) by other code saves its weights under `_orig_mod.`; this
