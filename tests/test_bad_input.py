@@ -1,6 +1,7 @@
 """Bad input fails in one line that names the value and what is valid, before any training; and the guards."""
 
 import logging
+import re
 from pathlib import Path
 
 import lightning as L
@@ -8,6 +9,8 @@ import pytest
 import torch
 from hydra.utils import instantiate
 
+from src.callbacks.latest_checkpoint import LatestCheckpoint
+from src.callbacks.throughput import Throughput
 from src.callbacks.training_guards import TrainingGuards
 from src.utils import preflight
 from src.utils.checkpoints import check_fits
@@ -119,3 +122,21 @@ def test_unused_parameters_are_named_and_gradient_norms_logged(compose_cfg, capl
     assert "2 parameter(s) got no gradient in the first step: unused.weight, unused.bias" in caplog.text
     assert trainer.callback_metrics["grad_2.0_norm_total"] > 0
     assert "far from ln(10)" not in caplog.text  # a normal first loss draws no warning
+
+
+@pytest.mark.parametrize(
+    ("callback", "message"),
+    [
+        (
+            lambda: Throughput(warmup_steps=-1),
+            "callbacks.throughput.warmup_steps=-1 must be 0 or more",
+        ),
+        (
+            lambda: LatestCheckpoint("checkpoints", min_seconds_between=-5),
+            "callbacks.last_checkpoint.min_seconds_between=-5 must be 0 or more",
+        ),
+    ],
+)
+def test_bad_callback_settings_are_refused(callback, message: str):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        callback()

@@ -60,3 +60,16 @@ def test_a_benchmark_case_that_does_not_exist_is_refused():
     )
     assert result.returncode == 2
     assert "--cases: resnet is not a case; choose from mlp, cnn" in result.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: the cuda variant runs")
+def test_the_gpu_variant_without_a_gpu_says_so():
+    result = subprocess.run(
+        [sys.executable, "scripts/benchmark.py", "--device", "cuda", "--tiny"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2
+    assert "--device cuda: no CUDA GPU is visible here (torch.cuda.is_available() is False)" in result.stderr

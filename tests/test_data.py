@@ -56,6 +56,15 @@ def test_in_memory_batches_are_the_sample_by_sample_loaders_batches_in_the_same_
         assert torch.equal(images, want_images) and torch.equal(labels, want_labels)
 
 
+def test_batches_need_tensor_datasets():
+    from src.data.in_memory_datamodule import _tensors
+
+    with pytest.raises(
+        TypeError, match=r"data.loading=batches needs tensor datasets, but this split is a list"
+    ):
+        _tensors([(torch.zeros(1), 0)])
+
+
 def test_a_bad_loading_is_refused(data_dir: Path):
     with pytest.raises(ValueError, match=r"data.loading=fast is not one of samples, batches, device"):
         DigitsDataModule(str(data_dir), 10, [1, 8, 8], [1297, 250, 250], loading="fast")

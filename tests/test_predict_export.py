@@ -2,6 +2,7 @@
 
 import csv
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -10,7 +11,7 @@ import torch
 from PIL import Image
 
 from src import exporters
-from src.inference import Source, load_model
+from src.inference import Source, expand_inputs, load_model
 from src.utils.checkpoints import load_checkpoint
 from tests.conftest import only_run_dir, run_cli
 
@@ -126,6 +127,26 @@ def test_a_broken_export_fails_its_parity_check(trained: Path, tmp_path: Path, d
         exporters.check_parity(model, other, torch.randn(8, 1, 8, 8), 1e-5, "rigged")
 
 
+def test_an_artifact_whose_outputs_have_another_shape_fails_its_parity_check(trained: Path):
+    model = load_model(Source(trained / "checkpoints" / "best.ckpt", None))
+    with pytest.raises(ValueError, match=r"rigged gives outputs of shape \[8, 9\], the model \[8, 10\]"):
+        exporters.check_parity(model, lambda x: model(x)[:, :9], torch.randn(8, 1, 8, 8), 1e-5, "rigged")
+
+
+def test_a_checkpoint_without_its_preprocessing_is_refused(trained: Path, tmp_path: Path):
+    checkpoint = load_checkpoint(trained / "checkpoints" / "best.ckpt")
+    del checkpoint["hyper_parameters"]["preprocessing"]  # as saved by an older version of the template
+    torch.save(checkpoint, tmp_path / "old.ckpt")
+    with pytest.raises(ValueError, match=r"does not say how its inputs were preprocessed"):
+        load_model(Source(tmp_path / "old.ckpt", None))
+
+
+def test_inputs_without_image_files_are_refused(tmp_path: Path):
+    (tmp_path / "notes.txt").write_text("not an image")
+    with pytest.raises(ValueError, match=rf"inputs={tmp_path} holds no image files \(\.png"):
+        expand_inputs(str(tmp_path))
+
+
 def test_an_export_never_overwrites_unless_asked(trained: Path, tmp_path: Path, data_dir: Path):
     args = [f"run_dir={trained}", "format=state_dict", f"output={tmp_path / 'w.pt'}"]
     assert run_cli("export", *args, log_dir=tmp_path, data_dir=data_dir).returncode == 0
@@ -159,12 +180,23 @@ def test_an_export_never_overwrites_unless_asked(trained: Path, tmp_path: Path, 
             ["run_dir=RUN", "inputs=/nowhere/*.png"],
             "inputs: /nowhere/*.png is not a file, a folder or a pattern",
         ),
+        (
+            "predict",  # a checkpoint outside any run dir knows no data to predict on
+            ["ckpt_path=TMP/loose.ckpt"],
+            "nothing to predict on: give inputs=<image files, a folder or a glob>, or data=<option>",
+        ),
+        (
+            "export",
+            ["run_dir=RUN", "format=state_dict", "output=TMP/w.pt", "parity_samples=1"],
+            "the parity check needs at least 2 images (parity_samples=1), found 1",
+        ),
     ],
 )
 def test_bad_predict_and_export_input_is_refused(
     trained: Path, tmp_path: Path, data_dir: Path, script, args, message
 ):
-    args = [arg.replace("RUN", str(trained)) for arg in args]
+    shutil.copy(trained / "checkpoints" / "best.ckpt", tmp_path / "loose.ckpt")
+    args = [arg.replace("RUN", str(trained)).replace("TMP", str(tmp_path)) for arg in args]
     result = run_cli(script, *args, log_dir=tmp_path, data_dir=data_dir)
     assert result.returncode != 0
     assert message in result.stderr

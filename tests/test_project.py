@@ -1,6 +1,7 @@
 """Clone it and own it: the pre-commit hooks pass, the Makefile documents itself and cleans safely, the CI
 workflow is what the README says, shell completion installs, and copier generates projects that run."""
 
+import importlib.util
 import json
 import os
 import re
@@ -255,11 +256,35 @@ def test_a_project_generated_without_examples_passes_its_own_tests(template: Pat
     assert json.loads((run / "run.json").read_text())["status"] == "completed"
 
 
-def test_new_project_refuses_an_unknown_logger(tmp_path: Path):
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["--name", "x", "--loggers", "csv,neptune"],
+            "--loggers: neptune is not a logger; choose from csv, ",
+        ),
+        (["--name", "x", "--python", "3.9"], "--python 3.9 is not supported; choose one of 3.10, 3.11, 3.12"),
+        (["--name", "!!!"], "--name '!!!' has no letters or digits to name a package with"),
+    ],
+)
+def test_new_project_refuses_bad_answers_before_changing_anything(args: list[str], message: str):
+    before = (ROOT / "pyproject.toml").read_text()
     result = subprocess.run(
-        [sys.executable, ROOT / "scripts" / "new_project.py", "--name", "x", "--loggers", "csv,neptune"],
-        capture_output=True,
-        text=True,
+        [sys.executable, ROOT / "scripts" / "new_project.py", *args], capture_output=True, text=True
     )
-    assert result.returncode == 2
-    assert "--loggers: neptune is not a logger; choose from csv, tensorboard, wandb, mlflow" in result.stderr
+    assert result.returncode == 2 and message in result.stderr
+    assert (ROOT / "pyproject.toml").read_text() == before
+
+
+def test_new_project_stops_when_the_template_no_longer_has_what_it_edits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    spec = importlib.util.spec_from_file_location("new_project", ROOT / "scripts" / "new_project.py")
+    new_project = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(new_project)
+    monkeypatch.setattr(new_project, "ROOT", tmp_path)
+    (tmp_path / "pyproject.toml").write_text('[project]\nversion = "0.1.0"\n')  # no name line
+    with pytest.raises(
+        SystemExit, match=r"pyproject.toml: found nothing to replace .*has the template changed"
+    ):
+        new_project.set_project("x", "", "", "3.10")
