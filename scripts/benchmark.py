@@ -18,6 +18,9 @@ to a JSON file (logs/benchmark/<time>.json by default) for tracking across commi
    first (warm-up) step: `train` counts the training steps only, `fit` all wall time, evaluation and (for the
    template) checkpoints and logging included. The template's rates are its own perf/ metrics. Augmentation
    is off on both sides (the hand loops do none).
+   Every side runs with the template's malloc setting (extras.keep_freed_memory), so the ratios measure the
+   layers and nothing else; "classic_untuned" is the classic loop with glibc's default thresholds, as a
+   script gets them, to show what that setting is worth. Each side's page faults per run are reported too.
 2. Start-up: wall time of `python src/train.py debug=fdr` against the import floor
    `python -c "import torch, lightning"`, and of `--help` and `--cfg job`.
 3. Data path: batches per second of the datamodule's train loader alone (data.loading=batches and samples)
@@ -47,8 +50,9 @@ CASES = {
 }
 BATCH_SIZE = 128
 # The template, then what it is compared with: Lightning alone (the same module, no callbacks, logger or progress
-# bar: the floor of any Lightning-based template) and the two hand-written loops.
-SIDES = ["template", "lightning", "classic", "tight"]
+# bar: the floor of any Lightning-based template), the two hand-written loops, and the classic loop again
+# without the template's malloc setting.
+SIDES = ["template", "lightning", "classic", "tight", "classic_untuned"]
 GOALS = {"mlp": 0.90, "cnn": 0.95}  # step throughput ratio (template / classic loop), on the CPU
 STARTUP_GOAL_S = 2.0  # debug=fdr may take at most this much longer than the import floor
 HELP_GOAL_S = 2.0
@@ -136,9 +140,9 @@ def step_throughput(args: argparse.Namespace, case: str) -> dict[str, Any]:
     for repeat in range(args.repeats):
         shift = repeat % len(SIDES)
         for side in SIDES[shift:] + SIDES[:shift]:  # alternate who goes first
-            runs[side].append(
-                run_template(args, case, epochs) if side == "template" else run_loop(args, case, side)
-            )
+            before = page_faults()
+            result = run_template(args, case, epochs) if side == "template" else run_loop(args, case, side)
+            runs[side].append({**result, "page_faults": page_faults() - before})
     figures: dict[str, Any] = {"epochs": epochs}
     for side, results in runs.items():
         for rate in ("train", "fit"):
@@ -146,6 +150,7 @@ def step_throughput(args: argparse.Namespace, case: str) -> dict[str, Any]:
             figures[f"{side}_{rate}_samples_per_sec"] = median = statistics.median(values)
             # How much the repetitions disagree (max - min over the median): the noise of this machine.
             figures[f"{side}_{rate}_spread"] = (max(values) - min(values)) / median
+        figures[f"{side}_page_faults"] = statistics.median(r["page_faults"] for r in results)
     for baseline in SIDES[1:]:
         for rate in ("train", "fit"):
             figures[f"ratio_{rate}_vs_{baseline}"] = (
@@ -154,6 +159,13 @@ def step_throughput(args: argparse.Namespace, case: str) -> dict[str, Any]:
     figures["goal"] = GOALS[case]
     figures["goal_met"] = figures["ratio_train_vs_classic"] >= GOALS[case]
     return figures
+
+
+def page_faults() -> int:
+    """Minor page faults so far of this process and its finished children (a run's is the difference)."""
+    import resource
+
+    return sum(resource.getrusage(who).ru_minflt for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
 
 
 def run_template(args: argparse.Namespace, case: str, epochs: int) -> dict[str, float]:
@@ -249,6 +261,10 @@ def hand_loop(args: argparse.Namespace) -> dict[str, float]:
     from hydra.utils import instantiate
     from torch.utils.data import DataLoader, TensorDataset
 
+    from src.utils.allocator import keep_freed_memory
+
+    if args.loop != "classic_untuned":  # the template's default (extras.keep_freed_memory)
+        keep_freed_memory()
     if args.loop == "lightning":  # the template's own data path (data.loading=device on a GPU)
         cfg = compose_case(args, args.case)
         torch.manual_seed(cfg.seed)
@@ -270,7 +286,7 @@ def hand_loop(args: argparse.Namespace) -> dict[str, float]:
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.precision.startswith("bf16"))
 
     def batches(x: torch.Tensor, y: torch.Tensor, shuffle: bool):
-        if args.loop == "classic":
+        if args.loop.startswith("classic"):
             yield from DataLoader(TensorDataset(x, y), batch_size=BATCH_SIZE, shuffle=shuffle)
         else:
             order = torch.randperm(len(x), device=device) if shuffle else torch.arange(len(x), device=device)
@@ -430,13 +446,17 @@ def print_table(results: dict[str, Any]) -> None:
     settings = results["settings"]
     print(f"\nTemplate vs hand-written PyTorch, {settings['device']}, median of {settings['repeats']}")
     print("samples/s of each side, and the template's rate as a fraction of each other side's")
-    header = "".join(f"{side + '/s':>12}" for side in SIDES) + "".join(f"{'vs ' + s:>13}" for s in SIDES[1:])
+    width = {side: max(12, len(side) + 5) for side in SIDES}
+    header = "".join(f"{side + '/s':>{width[side]}}" for side in SIDES)
+    header += "".join(f"{'vs ' + side:>{width[side]}}" for side in SIDES[1:])
     print(f"{'case':5} {'rate':6}{header}")
     for case, f in results["step_throughput"].items():
         for rate in ("train", "fit"):
-            rates = "".join(f"{f[f'{side}_{rate}_samples_per_sec']:12.0f}" for side in SIDES)
-            ratios = "".join(f"{f[f'ratio_{rate}_vs_{side}']:13.3f}" for side in SIDES[1:])
+            rates = "".join(f"{f[f'{side}_{rate}_samples_per_sec']:{width[side]}.0f}" for side in SIDES)
+            ratios = "".join(f"{f[f'ratio_{rate}_vs_{side}']:{width[side]}.3f}" for side in SIDES[1:])
             print(f"{case:5} {rate:6}{rates}{ratios}")
+        faults = ", ".join(f"{side} {f[f'{side}_page_faults'] / 1e6:.2f}M" for side in SIDES)
+        print(f"{'':5} page faults per run: {faults}")
         print(f"{'':5} goal: train vs classic >= {f['goal']:.2f}: {'met' if f['goal_met'] else 'NOT met'}")
     s = results["startup"]
     print(

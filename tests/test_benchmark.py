@@ -1,7 +1,9 @@
-"""The benchmark script (scripts/benchmark.py) in its tiny mode: it runs end to end and reports every figure.
-Speed itself is never asserted here: the script prints ratios measured in one run."""
+"""The benchmark script (scripts/benchmark.py) in its tiny mode: it runs end to end and reports every figure;
+and the malloc setting it measures (extras.keep_freed_memory). Speed itself is never asserted here: the
+script prints ratios measured in one run."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -9,13 +11,15 @@ from pathlib import Path
 import pytest
 import torch
 
+from src.utils import allocator
 from tests.conftest import ROOT
 
-STEP_FIELDS = [
-    f"{side}_{rate}_samples_per_sec"
-    for side in ("template", "lightning", "classic", "tight")
-    for rate in ("train", "fit")
-] + [f"ratio_{rate}_vs_{base}" for rate in ("train", "fit") for base in ("lightning", "classic", "tight")]
+GLIBC = allocator.glibc()
+
+SIDES = ("template", "lightning", "classic", "tight", "classic_untuned")
+STEP_FIELDS = [f"{side}_{rate}_samples_per_sec" for side in SIDES for rate in ("train", "fit")] + [
+    f"ratio_{rate}_vs_{base}" for rate in ("train", "fit") for base in SIDES[1:]
+]
 STARTUP_FIELDS = ["import_floor_s", "debug_fdr_s", "help_s", "cfg_job_s", "debug_fdr_over_floor_s"]
 DATA_FIELDS = [
     "model_steps_per_sec",
@@ -46,6 +50,7 @@ def test_the_benchmark_runs_in_tiny_mode_and_writes_every_figure(tmp_path: Path)
         steps["template_train_samples_per_sec"] / steps["classic_train_samples_per_sec"]
     )
     assert isinstance(steps["goal_met"], bool)
+    assert steps["template_page_faults"] > 0 and all(steps[f"{side}_page_faults"] >= 0 for side in SIDES)
     assert all(figures["startup"][field] > 0 for field in STARTUP_FIELDS if field != "debug_fdr_over_floor_s")
     assert all(figures["data_path"]["mlp"][field] > 0 for field in DATA_FIELDS)
 
@@ -73,3 +78,49 @@ def test_the_gpu_variant_without_a_gpu_says_so():
     )
     assert result.returncode == 2
     assert "--device cuda: no CUDA GPU is visible here (torch.cuda.is_available() is False)" in result.stderr
+
+
+# A training step's pattern: several big buffers allocated, used and freed together. In a fresh process
+# glibc hands them back to the OS on free, and the next step page-faults them all in again.
+STEP_PATTERN = """
+import resource, sys
+from src.utils.allocator import keep_freed_memory
+print(keep_freed_memory() if sys.argv[1] == "keep" else False)
+def step():
+    buffers = [b"x" * (4 << 20) for _ in range(4)]
+    del buffers
+step()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(20):
+    step()
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+def page_faults(mode: str, **env: str) -> tuple[bool, int]:
+    """Whether keep_freed_memory applied, and the page faults of 20 steps, in a fresh process."""
+    done = subprocess.run(
+        [sys.executable, "-c", STEP_PATTERN, mode],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **env},
+    )
+    assert done.returncode == 0, done.stderr
+    applied, faults = done.stdout.split()
+    return applied == "True", int(faults)
+
+
+@pytest.mark.skipif(not GLIBC, reason="malloc's thresholds are a glibc setting")
+def test_keep_freed_memory_stops_steps_from_page_faulting_their_buffers_back():
+    applied, faults = page_faults("default")
+    assert not applied and faults > 20_000  # 16 MiB a step: up to 4096 pages of 4 KiB, every step
+    applied, faults = page_faults("keep")
+    assert applied and faults < 100
+
+
+@pytest.mark.skipif(not GLIBC, reason="malloc's thresholds are a glibc setting")
+def test_a_users_own_malloc_settings_are_left_alone():
+    applied, faults = page_faults("keep", MALLOC_TRIM_THRESHOLD_="65536")
+    assert not applied and faults > 10_000

@@ -9,6 +9,8 @@ import rich.tree
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
+from src.utils import allocator
+
 
 def apply_extras(cfg: DictConfig) -> None:
     """Run the conveniences of `cfg.extras` before anything heavy is instantiated."""
@@ -19,6 +21,8 @@ def apply_extras(cfg: DictConfig) -> None:
         raise ValueError(
             "tags is empty; label the run, e.g. tags=[baseline], or set extras.enforce_tags=false"
         )
+    if extras.get("keep_freed_memory"):
+        allocator.keep_freed_memory()
     if extras.get("print_config"):
         print_config_tree(cfg, save_to=Path(cfg.paths.output_dir) / "config_tree.txt")
 
