@@ -125,8 +125,38 @@ def test_unused_parameters_are_named_and_gradient_norms_logged(compose_cfg, capl
 
 
 @pytest.mark.parametrize(
+    ("every", "limit", "read_at"),
+    [
+        (4, 10, "in 4 of the 4 steps up to epoch 0, step 4"),
+        (50, 3, "in 3 of the 3 steps up to epoch 0, step 3"),
+    ],
+)
+def test_off_a_single_cpu_the_nan_check_reads_its_flag_every_n_steps_and_at_epoch_end(
+    compose_cfg, every: int, limit: int, read_at: str
+):
+    # What a GPU or a multi-process run does by default (every 50 steps), here on the CPU: the check never
+    # syncs per step, and the run stops at the next read, before the epoch's validation and checkpoints.
+    cfg = compose_cfg("train", [*DIGITS_MLP, "data.std=0"])  # NaN inputs: every loss is NaN
+    guards = TrainingGuards(check_initial_loss=False, nonfinite_every_n_steps=every)
+    trainer = L.Trainer(
+        max_epochs=1, limit_train_batches=limit, callbacks=[guards], logger=False, enable_progress_bar=False
+    )
+    with pytest.raises(
+        FloatingPointError, match=re.escape(f"the training loss was NaN/Inf {read_at}")
+    ) as error:
+        trainer.fit(instantiate(cfg.model), datamodule=instantiate(cfg.data, _convert_="all"))
+    assert f"(read every {every} steps; callbacks.training_guards.nonfinite_every_n_steps=1" in str(
+        error.value
+    )
+
+
+@pytest.mark.parametrize(
     ("callback", "message"),
     [
+        (
+            lambda: TrainingGuards(nonfinite_every_n_steps=0),
+            "callbacks.training_guards.nonfinite_every_n_steps=0 must be >= 1 or null",
+        ),
         (
             lambda: Throughput(warmup_steps=-1),
             "callbacks.throughput.warmup_steps=-1 must be 0 or more",

@@ -27,10 +27,11 @@ class Histograms(L.Callback):
                 logger.watch(pl_module, log=self.what, log_freq=self.every_n_steps, log_graph=False)
 
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer) -> None:
-        # Gradients are complete (and unscaled) here, right before the step uses them.
-        boards = [logger for logger in trainer.loggers if isinstance(logger, TensorBoardLogger)]
-        if self.what is None or not boards or trainer.global_step % self.every_n_steps:
+        # Gradients are complete (and unscaled) here, right before the step uses them. This hook runs every
+        # step: the cheap checks first.
+        if self.what is None or trainer.global_step % self.every_n_steps:
             return
+        boards = [logger for logger in trainer.loggers if isinstance(logger, TensorBoardLogger)]
         for name, parameter in pl_module.named_parameters():
             for kind, values in (("gradients", parameter.grad), ("parameters", parameter)):
                 if values is None or self.what not in (kind, "all"):

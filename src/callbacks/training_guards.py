@@ -2,6 +2,7 @@
 
 import logging
 import math
+from typing import Any
 
 import lightning as L
 import torch
@@ -10,38 +11,69 @@ from lightning.pytorch.utilities import grad_norm
 log = logging.getLogger(__name__)
 
 
+# Where reading the loss back costs a host sync (a GPU) or a collective (several processes), the non-finite
+# check reads a flag kept on the device once per this many steps, unless told otherwise.
+SYNC_FREE_INTERVAL = 50
+FIXES = (
+    "lower model.optimizer.lr, set trainer.gradient_clip_val, check the data (mean/std, labels), or find the "
+    "operation with trainer.detect_anomaly=true"
+)
+
+
 class TrainingGuards(L.Callback):
-    """Checks made while training, each behind its own switch (configs/callbacks/training_guards.yaml)."""
+    """Checks made while training, each behind its own switch (configs/callbacks/training_guards.yaml).
+
+    The non-finite check looks at every step's loss. On a single CPU process it stops at the first bad one,
+    before its backward pass; elsewhere reading the loss back every step would stall the device (a host sync)
+    or all ranks (a collective), so by default the flag is read every SYNC_FREE_INTERVAL steps and at the end
+    of each training epoch, before validation and the epoch's checkpoints.
+    """
 
     def __init__(
         self,
         check_initial_loss: bool = True,
         stop_on_nonfinite: bool = True,
+        nonfinite_every_n_steps: int | None = None,
         warn_unused_parameters: bool = True,
         log_grad_norm: bool = False,
     ) -> None:
+        if nonfinite_every_n_steps is not None and nonfinite_every_n_steps < 1:
+            raise ValueError(
+                f"callbacks.training_guards.nonfinite_every_n_steps={nonfinite_every_n_steps} must be >= 1 or "
+                "null (every step on one CPU process, else every 50)"
+            )
         self.check_initial_loss = check_initial_loss
         self.stop_on_nonfinite = stop_on_nonfinite
+        self.nonfinite_every_n_steps = nonfinite_every_n_steps
         self.warn_unused_parameters = warn_unused_parameters
         self.log_grad_norm = log_grad_norm
         self._first_step = False
+        self._interval = 1
+        self._bad_steps: torch.Tensor | None = None  # on the device: non-finite losses since the last read
+        self._unread = 0  # steps since the last read
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._first_step = trainer.global_step == 0  # a resumed run is past its first step
+        free = pl_module.device.type == "cpu" and trainer.world_size == 1
+        self._interval = self.nonfinite_every_n_steps or (1 if free else SYNC_FREE_INTERVAL)
+        self._bad_steps, self._unread = None, 0
 
     def on_before_backward(
         self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor
     ) -> None:
-        if self.stop_on_nonfinite:
+        if self.stop_on_nonfinite and self._interval == 1:
             broken = not bool(torch.isfinite(loss.detach()).all())
             # Every rank stops together, whichever one saw it.
             if trainer.strategy.reduce_boolean_decision(broken, all=False):
                 raise FloatingPointError(
                     f"the training loss is {loss.item() if broken else 'NaN/Inf on another rank'} at epoch "
                     f"{trainer.current_epoch}, step {trainer.global_step}: stopped before it reached the weights; "
-                    "lower model.optimizer.lr, set trainer.gradient_clip_val, check the data (mean/std, "
-                    "labels), or find the operation with trainer.detect_anomaly=true"
+                    + FIXES
                 )
+        elif self.stop_on_nonfinite:
+            bad = (~torch.isfinite(loss.detach()).all()).int()  # stays on the device: no sync
+            self._bad_steps = bad if self._bad_steps is None else self._bad_steps + bad
+            self._unread += 1
         num_classes = pl_module.hparams.get("num_classes")
         if self._first_step and self.check_initial_loss and num_classes and trainer.is_global_zero:
             expected, value = math.log(num_classes), loss.item()
@@ -65,6 +97,29 @@ class TrainingGuards(L.Callback):
                     "the loss (a branch never taken, a frozen layer that should say requires_grad=False?)"
                 )
 
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        # Every rank reads at the same steps, so the collective below matches up.
+        if self._unread and (self._unread >= self._interval or _last_batch_of_epoch(trainer, batch_idx)):
+            self._read_nonfinite(trainer)
+
+    def _read_nonfinite(self, trainer: L.Trainer) -> None:
+        bad, steps = int(self._bad_steps), self._unread
+        self._bad_steps, self._unread = None, 0
+        if trainer.strategy.reduce_boolean_decision(bad > 0, all=False):
+            where = f"in {bad} of" if bad else "on another rank in one of"
+            raise FloatingPointError(
+                f"the training loss was NaN/Inf {where} the {steps} steps up to epoch {trainer.current_epoch}, step "
+                f"{trainer.global_step} (read every {self._interval} steps; callbacks.training_guards."
+                "nonfinite_every_n_steps=1 stops at the first one, at one host sync per step); " + FIXES
+            )
+
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer) -> None:
         if self.log_grad_norm:
             pl_module.log_dict(grad_norm(pl_module, norm_type=2))
+
+
+def _last_batch_of_epoch(trainer: L.Trainer, batch_idx: int) -> bool:
+    """Whether this training batch ends the epoch, before its validation and checkpoints."""
+    return batch_idx + 1 >= trainer.num_training_batches
