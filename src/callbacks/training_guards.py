@@ -40,7 +40,7 @@ class TrainingGuards(L.Callback):
         if nonfinite_every_n_steps is not None and nonfinite_every_n_steps < 1:
             raise ValueError(
                 f"callbacks.training_guards.nonfinite_every_n_steps={nonfinite_every_n_steps} must be >= 1 or "
-                "null (every step on one CPU process, else every 50)"
+                f"null (every step on one CPU process, else every {SYNC_FREE_INTERVAL})"
             )
         self.check_initial_loss = check_initial_loss
         self.stop_on_nonfinite = stop_on_nonfinite
@@ -61,19 +61,20 @@ class TrainingGuards(L.Callback):
     def on_before_backward(
         self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor
     ) -> None:
-        if self.stop_on_nonfinite and self._interval == 1:
-            broken = not bool(torch.isfinite(loss.detach()).all())
-            # Every rank stops together, whichever one saw it.
-            if trainer.strategy.reduce_boolean_decision(broken, all=False):
-                raise FloatingPointError(
-                    f"the training loss is {loss.item() if broken else 'NaN/Inf on another rank'} at epoch "
-                    f"{trainer.current_epoch}, step {trainer.global_step}: stopped before it reached the weights; "
-                    + FIXES
-                )
-        elif self.stop_on_nonfinite:
-            bad = (~torch.isfinite(loss.detach()).all()).int()  # stays on the device: no sync
-            self._bad_steps = bad if self._bad_steps is None else self._bad_steps + bad
-            self._unread += 1
+        if self.stop_on_nonfinite:
+            bad = ~torch.isfinite(loss.detach()).all()
+            if self._interval == 1:
+                broken = bool(bad)
+                # Every rank stops together, whichever one saw it.
+                if trainer.strategy.reduce_boolean_decision(broken, all=False):
+                    raise FloatingPointError(
+                        f"the training loss is {loss.item() if broken else 'NaN/Inf on another rank'} at epoch "
+                        f"{trainer.current_epoch}, step {trainer.global_step}: stopped before it reached the "
+                        "weights; " + FIXES
+                    )
+            else:  # counted on the device, read in on_train_batch_end: no sync here
+                self._bad_steps = bad.int() if self._bad_steps is None else self._bad_steps + bad.int()
+                self._unread += 1
         num_classes = pl_module.hparams.get("num_classes")
         if self._first_step and self.check_initial_loss and num_classes and trainer.is_global_zero:
             expected, value = math.log(num_classes), loss.item()
