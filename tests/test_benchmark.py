@@ -30,15 +30,15 @@ DATA_FIELDS = [
 ]
 
 
+def benchmark(*args: str, timeout: int) -> subprocess.CompletedProcess:
+    """`python scripts/benchmark.py <args>`, as a user runs it."""
+    command = [sys.executable, "scripts/benchmark.py", *args]
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
 def test_the_benchmark_runs_in_tiny_mode_and_writes_every_figure(tmp_path: Path):
     output = tmp_path / "bench.json"
-    result = subprocess.run(
-        [sys.executable, "scripts/benchmark.py", "--tiny", "--cases", "mlp", "--output", str(output)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    result = benchmark("--tiny", "--cases", "mlp", "--output", str(output), timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Template vs hand-written PyTorch" in result.stdout and str(output) in result.stdout
 
@@ -56,26 +56,14 @@ def test_the_benchmark_runs_in_tiny_mode_and_writes_every_figure(tmp_path: Path)
 
 
 def test_a_benchmark_case_that_does_not_exist_is_refused():
-    result = subprocess.run(
-        [sys.executable, "scripts/benchmark.py", "--cases", "mlp,resnet"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = benchmark("--cases", "mlp,resnet", timeout=60)
     assert result.returncode == 2
     assert "--cases: resnet is not a case; choose from mlp, cnn" in result.stderr
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: the cuda variant runs")
 def test_the_gpu_variant_without_a_gpu_says_so():
-    result = subprocess.run(
-        [sys.executable, "scripts/benchmark.py", "--device", "cuda", "--tiny"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = benchmark("--device", "cuda", "--tiny", timeout=120)
     assert result.returncode == 2
     assert "--device cuda: no CUDA GPU is visible here (torch.cuda.is_available() is False)" in result.stderr
 
@@ -84,7 +72,13 @@ def test_the_gpu_variant_without_a_gpu_says_so():
 # glibc hands them back to the OS on free, and the next step page-faults them all in again.
 STEP_PATTERN = """
 import resource, sys
+from omegaconf import OmegaConf
 from src.utils.allocator import keep_freed_memory
+from src.utils.config import apply_extras
+if sys.argv[1] == "extras":  # the shipped extras config, as every run applies it
+    extras = OmegaConf.load("configs/extras/default.yaml")
+    extras.print_config = False
+    apply_extras(OmegaConf.create({"extras": extras, "tags": ["test"]}))
 print(keep_freed_memory() if sys.argv[1] == "keep" else False)
 def step():
     buffers = [b"x" * (4 << 20) for _ in range(4)]
@@ -118,6 +112,7 @@ def test_keep_freed_memory_stops_steps_from_page_faulting_their_buffers_back():
     assert not applied and faults > 20_000  # 16 MiB a step: up to 4096 pages of 4 KiB, every step
     applied, faults = page_faults("keep")
     assert applied and faults < 100
+    assert page_faults("extras")[1] < 100  # on by default: extras.keep_freed_memory=true
 
 
 @pytest.mark.skipif(not GLIBC, reason="malloc's thresholds are a glibc setting")
