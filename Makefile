@@ -1,41 +1,65 @@
 # Set-up and everyday commands. `make train` and `make test` do the whole set-up on a fresh machine.
+# The interpreter .venv is made with; `make install PYTHON=python3.12` on an existing .venv of another version
+# makes .venv anew with it.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-# Re-install only when the dependency files change.
-STAMP := $(VENV)/.installed
-# The pinned versions `make install` uses; `make test LOCK=` installs the newest that pyproject.toml allows.
+# The pinned versions the installs use; `make test LOCK=` installs the newest that pyproject.toml allows.
 LOCK ?= requirements.lock
+# What `make test` installs on top of the project: the dev tools and every optional integration the tests cover.
+TEST_EXTRAS := dev,mlflow,export,deepspeed
+# One stamp per install: each reruns when pyproject.toml, the lock or the install settings change.
+STAMP := $(VENV)/.installed
+TEST_STAMP := $(VENV)/.installed-test
+SETTINGS := $(VENV)/.settings
 
-.PHONY: help install train test test-fast bench lint format clean
+.PHONY: help install install-test train test test-fast bench lint format clean FORCE
 
 help:  ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
 
-$(STAMP): pyproject.toml requirements.lock
+# Rewritten only when PYTHON (given explicitly, of another version) or LOCK differ from the last install's, so
+# changing either re-installs instead of being ignored by an up-to-date stamp.
+$(SETTINGS): FORCE
+	@if [ "$(origin PYTHON)" != file ]; then \
+	  want=$$($(PYTHON) -c 'import sys; print(sys.version_info[:2])') \
+	    || { echo "PYTHON=$(PYTHON) does not run; give an installed interpreter, e.g. PYTHON=python3.12"; exit 1; }; \
+	  if [ -x $(PY) ] && [ "$$($(PY) -c 'import sys; print(sys.version_info[:2])')" != "$$want" ]; then \
+	    echo "PYTHON=$(PYTHON) is not the Python of $(VENV): making $(VENV) anew"; rm -rf $(VENV); fi; fi
+	@mkdir -p $(VENV)
+	@echo "LOCK=$(LOCK)" | cmp -s - $@ || echo "LOCK=$(LOCK)" > $@
+
+$(STAMP): pyproject.toml requirements.lock $(SETTINGS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -e ".[dev]" $(if $(LOCK),-c $(LOCK))
-	touch $(STAMP)
+	$(PY) -m pip install -e . $(if $(LOCK),-c $(LOCK))
+	touch $@
 
-install: $(STAMP)  ## create .venv and install the project with the pinned dependencies
+$(TEST_STAMP): pyproject.toml requirements.lock $(SETTINGS)
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -e ".[$(TEST_EXTRAS)]" $(if $(LOCK),-c $(LOCK))
+	touch $(STAMP) $@
+
+install: $(STAMP)  ## create .venv and install the project with the pinned dependencies (what train needs)
+
+install-test: $(TEST_STAMP)  ## install, plus the dev tools and the optional integrations the tests cover
 
 train: install  ## train with the default config (offline MNIST digits) and print the test metrics
 	$(PY) src/train.py
 
-test: install  ## run the whole test suite (what CI runs)
+test: install-test  ## run the whole test suite (what CI runs)
 	$(PY) -m pytest -n 2 --dist worksteal
 
-test-fast: install  ## run the tests not marked slow
+test-fast: install-test  ## run the tests not marked slow
 	$(PY) -m pytest -n 2 --dist worksteal -m "not slow"
 
 bench: install  ## measure the template against hand-written PyTorch loops (scripts/benchmark.py; a few minutes)
 	$(PY) scripts/benchmark.py
 
-lint: install  ## check style with ruff
+lint: install-test  ## check style with ruff
 	$(VENV)/bin/ruff check src tests scripts hydra_plugins
 	$(VENV)/bin/ruff format --check src tests scripts hydra_plugins
 
-format: install  ## format the code with ruff
+format: install-test  ## format the code with ruff
 	$(VENV)/bin/ruff check --fix src tests scripts hydra_plugins
 	$(VENV)/bin/ruff format src tests scripts hydra_plugins
 

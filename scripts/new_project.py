@@ -1,11 +1,13 @@
-"""Make this copy of the template your own project: its name, description, author, Python version, wandb
-project, default loggers, and (optionally) without the example datasets.
+"""Make this copy of the template your own project: its name, installed commands, description, author, licence,
+Python versions (pyproject.toml and the CI matrix), README, wandb project, default loggers, and (optionally)
+without the example datasets.
 
     copier copy --trust <template> my-project   # asks the questions of copier.yml, then runs this script
     python scripts/new_project.py --name my-project --examples=strip   # or by hand, in a fresh clone
 
 It edits files in place, in the folder above `scripts/`, and can run again (copier update does): every step
-sets a value or removes a file, so a second run changes nothing more.
+sets a value or removes a file, so a second run changes nothing more. The README is replaced only while it is
+still the template's own (scripts/project_readme.md becomes it): a README you wrote is never touched.
 
 Stripping the examples removes the image-folder data option (its datamodule, config, experiment, example
 script and tests) and the full-MNIST download option, with their README sections. The two datasets that
@@ -13,13 +15,20 @@ ship inside installed packages stay: mnist5k, the default, and digits, on which 
 """
 
 import argparse
+import datetime
 import re
 import shutil
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+# The generated project's README, with {{ name }}, {{ description }} and {{ package }} to fill in.
+PROJECT_README = "scripts/project_readme.md"
+# The first line of the template's own README: while README.md starts with it, it is replaced.
+TEMPLATE_README_TITLE = "# Lightning + Hydra project template\n"
+DEFAULT_DESCRIPTION = "Image classification with PyTorch Lightning and Hydra."
+TASKS = ["train", "eval", "predict", "export"]  # the installed commands are <package>-<task>
 LOGGERS = ["csv", "tensorboard", "wandb", "mlflow"]
-PYTHONS = ["3.10", "3.11", "3.12"]
+PYTHONS = ["3.11", "3.12", "3.13"]  # oldest first: the CI matrix tests from the chosen one up
 # The example files; README sections about them sit between <!-- example --> and <!-- /example -->.
 EXAMPLES = [
     "src/data/image_folder_datamodule.py",
@@ -38,7 +47,9 @@ def main() -> None:
     parser.add_argument("--name", required=True, help="the project's name, e.g. 'Cell counting'")
     parser.add_argument("--description", default="", help="one sentence: what the project does")
     parser.add_argument("--author", default="", help="author name (pyproject.toml)")
-    parser.add_argument("--python", default="3.10", help=f"oldest Python it supports: {', '.join(PYTHONS)}")
+    parser.add_argument(
+        "--python", default=PYTHONS[0], help=f"oldest Python it supports: {', '.join(PYTHONS)}"
+    )
     parser.add_argument("--wandb-project", default=None, help="wandb project (default: the package name)")
     parser.add_argument("--wandb-entity", default="", help="wandb team or user (default: your own)")
     parser.add_argument("--loggers", default="csv", help=f"comma-separated, from {', '.join(LOGGERS)}")
@@ -59,7 +70,9 @@ def main() -> None:
         parser.error(f"--name {args.name!r} has no letters or digits to name a package with")
 
     set_project(package, args.description, args.author, args.python)
-    set_readme(args.name, args.description)
+    set_license(args.author)
+    set_ci(args.python)
+    set_readme(args.name, args.description or DEFAULT_DESCRIPTION, package)
     set_wandb(args.wandb_project or package, args.wandb_entity or None)
     set_default_loggers(loggers)
     if args.examples == "strip":
@@ -90,22 +103,46 @@ def set_project(package: str, description: str, author: str, python: str) -> Non
     edit("pyproject.toml", r'^name = ".*"$', f"name = {toml_string(package)}")
     if description:
         edit("pyproject.toml", r'^description = ".*"$', f"description = {toml_string(description)}")
-    python_line = f'requires-python = ">={python}"'
+    python_line = f'requires-python = ">={python}"  # the oldest Python this project supports'
     if author:
         authors = f"authors = [{{ name = {toml_string(author)} }}]"
         if re.search(r"^authors = ", (ROOT / "pyproject.toml").read_text(), flags=re.M):
             edit("pyproject.toml", r"^authors = .*$", authors)
         else:
             python_line += "\n" + authors
-    edit("pyproject.toml", r'^requires-python = ".*"$', python_line)
+    edit("pyproject.toml", r"^requires-python = .*$", python_line)
+    edit("pyproject.toml", r'^target-version = ".*"$', f'target-version = "py{python.replace(".", "")}"')
+    for task in TASKS:  # the installed commands: named after the project, never a shell builtin
+        edit(
+            "pyproject.toml",
+            rf'^[\w.-]+-{task} = "src\.{task}:main"$',
+            f'{package}-{task} = "src.{task}:main"',
+        )
 
 
-def set_readme(name: str, description: str) -> None:
-    """The title, and the paragraph under it (what the project is)."""
-    if description:
-        edit("README.md", r"^# .*\n\n(?:.+\n)+", f"# {name}\n\n{description}\n")
-    else:
-        edit("README.md", r"^# .*$", f"# {name}")
+def set_license(author: str) -> None:
+    """The copyright line names the author, from this year on."""
+    if author:
+        year = datetime.date.today().year
+        edit("LICENSE", r"^Copyright \(c\) .*$", f"Copyright (c) {year} {author}")
+
+
+def set_ci(python: str) -> None:
+    """The CI workflow tests every supported Python from the oldest the project supports."""
+    versions = ", ".join(f'"{version}"' for version in PYTHONS[PYTHONS.index(python) :])
+    edit(".github/workflows/ci.yml", r"(?<=\bpython: )\[[^]]*\]", f"[{versions}]")
+
+
+def set_readme(name: str, description: str, package: str) -> None:
+    """The project's own README (scripts/project_readme.md), in place of the template's, which explains the
+    template; once the README is the project's, it is the user's and left alone."""
+    source, readme = ROOT / PROJECT_README, ROOT / "README.md"
+    if source.exists() and readme.read_text().startswith(TEMPLATE_README_TITLE):
+        text = source.read_text()
+        for key, value in {"name": name, "description": description, "package": package}.items():
+            text = text.replace("{{ " + key + " }}", value)
+        readme.write_text(text)
+    source.unlink(missing_ok=True)
 
 
 def set_wandb(project: str, entity: str | None) -> None:

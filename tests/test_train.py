@@ -4,12 +4,13 @@ import json
 import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.conftest import last_metrics, only_run_dir, run_cli
+from tests.conftest import ROOT, last_metrics, only_run_dir, run_cli
 
 DIGITS_MLP = ["data=digits", "model=mlp"]
 
@@ -100,14 +101,17 @@ def test_help_answers_without_training(tmp_path: Path, data_dir: Path):
     assert not (tmp_path / "train").exists()
 
 
-@pytest.mark.parametrize("command", ["train", "eval"])
-def test_console_scripts_find_the_configs_from_any_directory(tmp_path: Path, command: str):
-    script = Path(sys.executable).parent / command
+@pytest.mark.parametrize("task", ["train", "eval"])
+def test_console_scripts_find_the_configs_from_any_directory(tmp_path: Path, task: str):
+    """`make install` installs <project name>-<task> commands (pyproject.toml's [project.scripts])."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    script = Path(sys.executable).parent / f"{project['name']}-{task}"
+    assert project["scripts"][script.name] == f"src.{task}:main"
     result = subprocess.run(
         [script, "--cfg", "job"], cwd=tmp_path, capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0, result.stderr[-2000:]
-    assert f"task_name: {command}" in result.stdout
+    assert f"task_name: {task}" in result.stdout
 
 
 def test_checkpoint_path_that_is_a_directory_is_refused(tmp_path: Path):
