@@ -108,6 +108,55 @@ def test_make_help_lists_every_target_with_one_line():
         assert line is not None and len(line.split()) > 2, f"make help has no line for {target}"
 
 
+def test_make_installs_again_when_python_or_the_lock_change_and_only_then(tmp_path: Path):
+    """`make install LOCK=` or `PYTHON=` after an install must re-install, not be skipped by a fresh stamp;
+    `make test`'s install (the extras) counts as the lean one too. A stand-in .venv/bin/python records the
+    pip calls (and runs `-c` with the real interpreter, for the version check)."""
+    for name in ("Makefile", "pyproject.toml", "requirements.lock"):
+        shutil.copy(ROOT / name, tmp_path / name)
+    python = tmp_path / ".venv" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text(
+        f'#!/bin/sh\nif [ "$1" = -c ]; then exec {sys.executable} "$@"; fi\necho "$@" >> {tmp_path}/pip.log\n'
+    )
+    python.chmod(0o755)
+
+    def make(*args: str) -> list[str]:
+        """The pip calls one `make` made."""
+        (tmp_path / "pip.log").write_text("")
+        result = subprocess.run(["make", *args], cwd=tmp_path, capture_output=True, text=True)
+        assert result.returncode == 0, result.stdout + result.stderr
+        return (tmp_path / "pip.log").read_text().splitlines()
+
+    assert make("install") == ["-m pip install -e . -c requirements.lock"]
+    assert make("install") == []
+    assert make("install", "LOCK=") == ["-m pip install -e ."]
+    assert make("install", "LOCK=") == []
+    assert make("install") == ["-m pip install -e . -c requirements.lock"]
+    assert make("install-test") == ["-m pip install -e .[dev,mlflow,export,deepspeed] -c requirements.lock"]
+    assert make("install") == []  # the test install holds the lean one
+    # Another Python makes .venv anew with it (a stand-in "Python 3.99" that makes stand-in venvs of itself).
+    other = tmp_path / "python3.99"
+    other.write_text(
+        '#!/bin/sh\nif [ "$1" = -c ]; then echo "(3, 99)"; exit; fi\n'
+        f'if [ "$1" = -m ] && [ "$2" = venv ]; then mkdir -p "$3/bin" && cp {other} "$3/bin/python"; exit; fi\n'
+        f'echo "$@" >> {tmp_path}/pip.log\n'
+    )
+    other.chmod(0o755)
+    assert make("install", f"PYTHON={other}") == ["-m pip install -e . -c requirements.lock"]
+    assert python.read_text() == other.read_text()
+    assert make("install", f"PYTHON={other}") == []
+    # An interpreter that does not run is refused before anything is removed.
+    result = subprocess.run(
+        ["make", "install", "PYTHON=python2.9"], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert (
+        result.returncode != 0
+        and "PYTHON=python2.9 does not run; give an installed interpreter" in result.stdout
+    )
+    assert python.exists()
+
+
 def test_make_clean_removes_logs_and_caches_but_never_data(tmp_path: Path):
     shutil.copy(ROOT / "Makefile", tmp_path / "Makefile")
     files = ["logs/train/runs/x/run.json", "data/mnist5k/mnist_5k.npz", "data/.gitkeep", "logs/.gitkeep"]
