@@ -35,6 +35,7 @@ EXAMPLES = [
     "configs/data/image_folder.yaml",
     "configs/experiment/mnist_images.yaml",
     "scripts/make_example_images.py",
+    "src/data/components/example_images.py",
     "tests/test_image_folder.py",
     "src/data/mnist_datamodule.py",
     "configs/data/mnist.yaml",

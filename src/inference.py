@@ -123,6 +123,14 @@ class ImageFiles(Dataset):
 
 
 def file_loader(files: list[Path], preprocessing: dict[str, Any], batch_size: int) -> DataLoader:
+    """Batches of image files, preprocessed as the checkpoint's datamodule says; refused when it does not say."""
+    if preprocessing.get("transform") is None:
+        owner = preprocessing.get("datamodule", "the training datamodule")
+        raise ValueError(
+            f"{owner} does not say how an image file becomes the net's input; implement "
+            f"inference_preprocessing() in it (see ClassificationDataModule.inference_preprocessing) and "
+            "retrain, or leave out inputs= to use the run's test split"
+        )
     collate = COLLATES[preprocessing.get("collate", "stack")]
     return DataLoader(
         ImageFiles(files, preprocessing), batch_size=batch_size, shuffle=False, collate_fn=collate
@@ -186,16 +194,21 @@ def write_sidecar(
     """<artifact>.json: what the artifact expects and gives, and how it was checked."""
     preprocessing = model.hparams.preprocessing
     sidecar = artifact.with_name(artifact.name + ".json")
+    if preprocessing.get("transform") is None:
+        log.warning(
+            f"{sidecar.name}: the input preprocessing is null, since {preprocessing.get('datamodule')} does not "
+            "say how an image file becomes the net's input; feed the artifact what its test split gives"
+        )
     sidecar.write_text(
         json.dumps(
             {
                 "format": fmt,
                 "checkpoint": str(checkpoint),
-                "input": {
-                    "shape": ["batch", *preprocessing["input_shape"]],
+                "input": {  # image_mode and preprocessing are null when the datamodule did not say
+                    "shape": ["batch", *(preprocessing.get("input_shape") or [])],
                     "dtype": "float32",
-                    "image_mode": preprocessing["image_mode"],
-                    "preprocessing": preprocessing["transform"],
+                    "image_mode": preprocessing.get("image_mode"),
+                    "preprocessing": preprocessing.get("transform"),
                 },
                 "output": {
                     "name": "logits",

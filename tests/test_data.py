@@ -1,13 +1,22 @@
 """The datamodules: fixed splits, batch size split across devices, and clear errors for bad input."""
 
+import importlib
+import importlib.util
+from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
+from hydra.utils import instantiate
 
 from src.data.classification_datamodule import split_batch_size
 from src.data.digits_datamodule import DigitsDataModule
 from src.data.mnist5k_datamodule import MNIST5kDataModule
+from tests.conftest import CONFIG_DIR, last_metrics, only_run_dir, run_cli
+
+DATA_OPTIONS = sorted(p.stem for p in (CONFIG_DIR / "data").glob("*.yaml"))
+DEBUG_PRESETS = sorted(p.stem for p in (CONFIG_DIR / "debug").glob("*.yaml"))
 
 
 def test_mnist5k_has_a_fixed_4000_500_500_split_of_real_digits(data_dir: Path):
@@ -102,3 +111,52 @@ def test_wrong_num_classes_is_refused(data_dir: Path):
     dm = DigitsDataModule(str(data_dir), 5, [1, 8, 8], [1297, 250, 250])
     with pytest.raises(ValueError, match=r"data.num_classes=5 but digits has 10 classes"):
         dm.setup()
+
+
+# --- every debug preset with every data option ---
+
+
+@pytest.mark.parametrize("option", DATA_OPTIONS)
+@pytest.mark.parametrize("preset", DEBUG_PRESETS)
+def test_every_debug_preset_composes_with_every_data_option_into_a_datamodule(compose_cfg, preset, option):
+    cfg = compose_cfg("train", [f"debug={preset}", f"data={option}"])
+    instantiate(cfg.data, _convert_="all")  # a key the datamodule does not take fails here
+
+
+def data_writer(option: str) -> Callable[[Path], list[str]] | None:
+    """`write_test_data(data_dir) -> overrides` of tests/test_<option>.py, for a data option whose files no
+    package ships (a download, your own images): it writes a small copy into data_dir. None: none needed."""
+    module = f"tests.test_{option}"
+    if importlib.util.find_spec(module) is None:
+        return None
+    return getattr(importlib.import_module(module), "write_test_data", None)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("option", DATA_OPTIONS)
+def test_the_overfit_preset_trains_on_every_data_option(option: str, tmp_path: Path, data_dir: Path):
+    write = data_writer(option)
+    option_data_dir = tmp_path / "data" if write else data_dir  # the session's, with the mnist5k cache
+    overrides = write(option_data_dir) if write else []
+    result = run_cli(
+        "train",
+        "debug=overfit",
+        f"data={option}",
+        "model=mlp",
+        "trainer.max_epochs=2",
+        *overrides,
+        log_dir=tmp_path / "logs",
+        data_dir=option_data_dir,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "train/acc" in last_metrics(only_run_dir(tmp_path / "logs", "debug"))
+
+
+def test_augment_false_turns_the_random_shift_off(data_dir: Path):
+    images = torch.arange(64.0).view(1, 1, 8, 8).repeat(4, 1, 1, 1)
+    for augment in (True, False):
+        dm = DigitsDataModule(str(data_dir), 10, [1, 8, 8], [1297, 250, 250], random_shift=2, augment=augment)
+        dm.trainer = SimpleNamespace(training=True)
+        torch.manual_seed(0)
+        shifted = [dm.on_after_batch_transfer([images, torch.zeros(4)], 0)[0] for _ in range(10)]
+        assert any(not torch.equal(batch, images) for batch in shifted) == augment

@@ -2,6 +2,8 @@
 
 import json
 import logging
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +16,8 @@ from hydra.utils import instantiate
 from PIL import Image
 
 from src.data.components.collate import pad_collate
+from src.data.components.example_images import CLASS_NAMES, make_example_images
+from src.data.mnist5k_datamodule import load_mnist5k
 from tests.conftest import ROOT, last_metrics, only_run_dir, run_cli
 
 SIZES = [(20, 24), (32, 32), (40, 28)]  # (width, height): mixed on purpose
@@ -38,6 +42,13 @@ def write_label_folder(
     csv_file = root / f"labels_{start}.csv"
     csv_file.write_text("\n".join(lines) + "\n")
     return csv_file
+
+
+def write_test_data(data_dir: Path) -> list[str]:
+    """data=image_folder for tests that run every data option (tests/test_data.py): 24 small images of two
+    classes at the default image_dir, and the overrides that describe them."""
+    labels = write_label_folder(data_dir / "images", ["cat", "dog"] * 12)
+    return [f"data.label_file={labels}", "data.num_classes=2", "data.input_shape=[3,16,16]"]
 
 
 @pytest.fixture
@@ -161,6 +172,24 @@ def test_the_config_transforms_give_input_shape_float_tensors(image_folder, tmp_
         "data.split=[4,2,2]",
     )
     assert next(iter(grayscale.test_dataloader()))[0].shape == (2, 1, 16, 16)  # test uses val's transforms
+
+
+def test_augment_false_gives_the_training_images_the_test_transforms(image_folder, tmp_path: Path):
+    labels = write_label_folder(tmp_path, ["a", "b"] * 4)
+    settings = [
+        f"data.label_file={labels}",
+        "data.num_classes=2",
+        "data.input_shape=[3,16,16]",
+        "data.split=[4,2,2]",
+    ]
+    torch.manual_seed(0)
+    augmented = image_folder(*settings)
+    assert not torch.equal(augmented.data_train[0][0], augmented.data_train[0][0])  # random crops and flips
+    plain = image_folder(*settings, "data.augment=false")  # what debug=overfit sets
+    image, again = plain.data_train[0][0], plain.data_train[0][0]
+    assert torch.equal(image, again)
+    test_transform = plain.data_test.transform
+    assert torch.equal(image, test_transform(Image.open(plain.data_train.samples[0][0]).convert("RGB")))
 
 
 def test_pad_collate_pads_to_the_largest_image_and_returns_the_sizes(image_folder, tmp_path: Path):
@@ -316,10 +345,66 @@ def test_an_unknown_class_in_the_test_labels_is_refused(image_folder, tmp_path: 
         )
 
 
+@pytest.mark.parametrize("key", ["label_file", "val_label_file", "test_label_file"])
+def test_a_missing_label_file_is_named_by_its_own_key(image_folder, tmp_path: Path, key: str):
+    labels = write_label_folder(tmp_path, ["a", "b"] * 4)
+    files = {"label_file": labels, "val_label_file": labels, "test_label_file": labels}
+    files[key] = tmp_path / "missing.csv"
+    with pytest.raises(
+        FileNotFoundError,
+        match=rf"^data\.{key}={re.escape(str(files[key]))} does not exist; .*a CSV with one `image,label` line",
+    ):
+        image_folder(
+            *(f"data.{k}={v}" for k, v in files.items()), "data.num_classes=2", "data.split=[1.0,0.0,0.0]"
+        )
+
+
+@pytest.mark.parametrize("key", ["image_dir", "val_dir", "test_dir"])
+def test_a_missing_class_folder_root_is_named_by_its_own_key(image_folder, tmp_path: Path, key: str):
+    for name in ("apple", "pear"):
+        write_image(tmp_path / "fruit" / name / "0.png")
+    folders = {"image_dir": tmp_path / "fruit", "val_dir": tmp_path / "fruit", "test_dir": tmp_path / "fruit"}
+    folders[key] = tmp_path / "missing"
+    with pytest.raises(
+        FileNotFoundError,
+        match=rf"^data\.{key}={re.escape(str(folders[key]))} does not exist; .*one folder of",
+    ):
+        image_folder(
+            "data.layout=class_folders",
+            "data.label_file=null",
+            *(f"data.{k}={v}" for k, v in folders.items()),
+            "data.num_classes=2",
+            "data.split=[1.0,0.0,0.0]",
+        )
+
+
+def test_the_example_experiment_pointed_at_your_own_files_names_the_key_still_to_change(
+    compose_cfg, tmp_path: Path
+):
+    """Its comment once said image_dir and label_file were enough: the test file still pointed at the digits."""
+    labels = write_label_folder(tmp_path, ["cat", "dog"] * 4)
+    cfg = compose_cfg(
+        "train",
+        [
+            "experiment=mnist_images",
+            f"data.image_dir={tmp_path}",
+            f"data.label_file={labels}",
+            "data.class_names=null",
+            "data.num_classes=2",
+            "data.prepare=null",
+        ],
+    )
+    datamodule = instantiate(cfg.data, _convert_="all")
+    with pytest.raises(
+        FileNotFoundError, match=r"^data\.test_label_file=.*mnist_images/test\.csv does not exist"
+    ):
+        datamodule.setup("fit")
+
+
 @pytest.mark.parametrize(
     ("content", "overrides", "error"),
     [
-        ("", [], r"label file .*labels.csv is empty"),
+        ("", [], r"data.label_file=.*labels.csv is empty"),
         ("image,label\n", [], r"data.label_file=.*labels.csv lists no images"),
         (
             "image,label\nimg_0.png,cat\n",
@@ -377,58 +462,63 @@ def test_a_test_share_next_to_a_test_file_is_refused_so_no_image_is_dropped(imag
 # --- end to end, as the README tells it ---
 
 
-def make_example_images(out: Path, data_dir: Path, *args: str) -> None:
-    command = [
-        sys.executable,
-        str(ROOT / "scripts" / "make_example_images.py"),
-        f"--out={out}",
-        f"--data-dir={data_dir}",
-    ]
-    result = subprocess.run([*command, *args], capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-2000:]
-
-
 def test_the_example_script_writes_a_label_file_folder_and_refuses_to_overwrite(
     tmp_path: Path, data_dir: Path
 ):
     out = tmp_path / "mnist_images"
-    make_example_images(out, data_dir, "--count=60", "--test=10")
+    script = [sys.executable, str(ROOT / "scripts" / "make_example_images.py"), f"--out={out}"]
+    result = subprocess.run(
+        [*script, f"--data-dir={data_dir}", "--count=60", "--test=10"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
     assert len(list((out / "images").glob("*.png"))) == 60
     train_lines = (out / "train.csv").read_text().splitlines()
     assert train_lines[0] == "image,label" and len(train_lines) == 51
     sizes = {Image.open(p).size for p in (out / "images").glob("*.png")}
     assert len(sizes) > 1 and all(28 <= w == h <= 40 for w, h in sizes)  # mixed sizes
-    again = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "make_example_images.py"), f"--out={out}"],
-        capture_output=True,
-        text=True,
-    )
-    assert again.returncode != 0 and "already exists" in again.stderr
+    with pytest.raises(FileExistsError, match=rf"{re.escape(str(out))} already exists"):
+        make_example_images(out, data_dir)  # what the script runs
+    assert make_example_images(out, data_dir, exist_ok=True) == out  # what a first-use build does later
 
     folders = tmp_path / "class_folders"
-    make_example_images(folders, data_dir, "--count=60", "--test=10", "--layout=class_folders")
-    assert sorted(p.name for p in (folders / "train").iterdir()) == sorted(
-        ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
-    )
+    make_example_images(folders, data_dir, layout="class_folders", count=60, test=10)
+    assert sorted(p.name for p in (folders / "train").iterdir()) == sorted(CLASS_NAMES)
     assert len(list((folders / "test").glob("*/*.png"))) == 10
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["class_folders", "mnist_images"]  # no partial copy
 
 
-def test_the_image_folder_experiment_runs_end_to_end(tmp_path: Path, data_dir: Path):
-    make_example_images(tmp_path / "data" / "mnist_images", data_dir, "--count=200", "--test=40")
+@pytest.mark.slow
+def test_the_image_folder_experiment_writes_its_images_on_first_use(tmp_path: Path, data_dir: Path):
+    data = tmp_path / "data"  # a data dir without the example folder, as on a fresh clone
+    cache = Path("mnist5k") / "mnist_5k.npz"
+    load_mnist5k(data_dir / cache)  # the parsed digits, which any earlier run would have cached
+    shutil.copytree(data_dir / cache.parent, data / cache.parent)
+    limits = ["trainer.limit_train_batches=2", "trainer.limit_val_batches=1", "trainer.limit_test_batches=1"]
     result = run_cli(
-        "train", "experiment=mnist_images", "debug=fdr", log_dir=tmp_path / "logs", data_dir=tmp_path / "data"
+        "train",
+        "experiment=mnist_images",
+        "trainer.max_epochs=1",
+        *limits,
+        log_dir=tmp_path / "logs",
+        data_dir=data,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    run_dir = only_run_dir(tmp_path / "logs", "debug")
+    assert sorted(p.name for p in data.iterdir()) == ["mnist5k", "mnist_images"]  # nothing half-written left
+    assert len(list((data / "mnist_images" / "images").glob("*.png"))) == 5000
+    assert len((data / "mnist_images" / "test.csv").read_text().splitlines()) == 501  # a header and 500
+    run_dir = only_run_dir(tmp_path / "logs")
     assert json.loads((run_dir / "class_names.json").read_text())[:3] == ["zero", "one", "two"]
+    assert "test/acc" in last_metrics(run_dir)
 
 
 @pytest.mark.slow
 def test_the_image_folder_example_trains_to_90_percent_and_its_checkpoint_knows_the_classes(
     tmp_path: Path, data_dir: Path
 ):
-    make_example_images(tmp_path / "data" / "mnist_images", data_dir, "--layout=label_file")
-    result = run_cli(
+    result = run_cli(  # writes the example folder first, as a user's first run does
         "train", "experiment=mnist_images", log_dir=tmp_path / "logs", data_dir=tmp_path / "data", timeout=600
     )
     assert result.returncode == 0, result.stderr[-3000:]

@@ -18,6 +18,18 @@ def write_idx(raw: Path, prefix: str, images: np.ndarray, labels: np.ndarray) ->
     (raw / f"{prefix}-labels-idx1-ubyte").write_bytes(struct.pack(">II", 2049, n) + labels.tobytes())
 
 
+def write_test_data(data_dir: Path) -> list[str]:
+    """data=mnist offline, for tests that run every data option (tests/test_data.py): 60 training and 20
+    test digits as the four IDX files where torchvision looks, and the split that fits them."""
+    raw = data_dir / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for prefix, count in (("train", 60), ("t10k", 20)):
+        images = rng.integers(0, 256, (count, 28, 28), dtype=np.uint8)
+        write_idx(raw, prefix, images, np.arange(count, dtype=np.uint8) % 10)
+    return ["data.split=[50,10]"]
+
+
 def test_mnist_reads_the_four_idx_files(tmp_path: Path):
     raw = tmp_path / "MNIST" / "raw"
     raw.mkdir(parents=True)

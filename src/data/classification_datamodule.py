@@ -36,21 +36,28 @@ def seeded_split(dataset: Dataset, lengths: Sequence[int | float], seed: int, na
 
 
 class ClassificationDataModule(L.LightningDataModule):
-    """Base LightningDataModule for (image, label) datasets: subclasses implement `load_datasets`.
+    """Base LightningDataModule for (image, label) datasets: a subclass implements `load_datasets`, nothing else.
 
     `batch_size` is the global batch size; each of the world's processes loads `batch_size / world_size`.
     The DataLoader settings are documented in configs/data/mnist5k.yaml. `drop_last` applies to the
-    training loader only: validation and test always see every sample.
+    training loader only: validation and test always see every sample. `split` and `split_seed` are for
+    subclasses that draw their splits from one pool (`seeded_split`). `augment=False` asks for training
+    samples without random augmentation (`debug=overfit` sets it): a subclass that augments honours it.
+    Override `inference_preprocessing` so that predict and export can read image files.
     """
 
-    name: str = "dataset"
+    @property
+    def name(self) -> str:
+        """What error messages call the dataset: the class name, unless a subclass sets `name`."""
+        return type(self).__name__
 
     def __init__(
         self,
         num_classes: int,
         input_shape: Sequence[int],
-        split: Sequence[int | float],
+        split: Sequence[int | float] | None = None,
         split_seed: int = 42,
+        augment: bool = True,
         batch_size: int = 64,
         num_workers: int = 0,
         pin_memory: bool = False,
@@ -72,8 +79,8 @@ class ClassificationDataModule(L.LightningDataModule):
         self.collate_fn: Callable[[list[Any]], Any] | None = None  # None: PyTorch's default collate
 
     def load_datasets(self) -> tuple[Dataset, Dataset, Dataset]:
-        """Return the (train, val, test) datasets of (float image, int64 label) samples."""
-        raise NotImplementedError
+        """Return the (train, val, test) datasets of (float tensor of shape input_shape, int label) samples."""
+        raise NotImplementedError(f"{type(self).__name__} must implement load_datasets()")
 
     def setup(self, stage: str | None = None) -> None:
         world_size = self.trainer.world_size if self.trainer is not None else 1
@@ -140,9 +147,26 @@ class ClassificationDataModule(L.LightningDataModule):
         return int(torch.randint(0, 2**62, ()).item())
 
     def inference_preprocessing(self) -> dict[str, Any]:
-        """How predict and export turn one image file into the net's input: colour mode, shape, batching, and
-        a transforms-v2 config. Stored in the model's checkpoints (see ClassifierModule.setup)."""
-        raise NotImplementedError
+        """How predict and export turn one image file into the net's input; stored in the model's checkpoints
+        (ClassifierModule.setup), so a checkpoint needs neither this class nor its data to predict.
+
+        Keys: `image_mode` (PIL mode the file is converted to: "L", "RGB"), `input_shape` ([C, H, W]),
+        `collate` ("stack" or "pad", see data/components/collate.py) and `transform` (a transforms-v2 config
+        from a PIL image to the float tensor `load_datasets` gives; plain data, e.g. built with
+        data.components.image_dataset.compose). A subclass that reads image files returns what its test
+        images go through (InMemoryDataModule's is an example).
+
+        This default cannot know how a subclass made its tensors (scaled how, normalised with what, or not
+        from images at all), and a guess would give wrong predictions without an error. So its `transform`
+        is None: training, eval, and predict and export on the test split work; image files are refused,
+        naming this class.
+        """
+        return {
+            "input_shape": list(self.hparams.input_shape),
+            "image_mode": None,
+            "collate": "stack",
+            "transform": None,
+        }
 
     def predict_dataloader(self) -> DataLoader:
         """The predict set is the test split: predictions line up with `trainer.test`'s samples."""

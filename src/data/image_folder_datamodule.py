@@ -41,7 +41,8 @@ class ImageFolderDataModule(ClassificationDataModule):
     """Image files with labels from a CSV (`layout=label_file`) or from class folders (`layout=class_folders`).
 
     Every argument is documented in configs/data/image_folder.yaml. `transforms` holds one transforms-v2
-    config per stage (plain data, instantiated here, so checkpoints stay loadable with weights_only=True).
+    config per stage, `prepare` a function config (plain data, instantiated here, so checkpoints stay
+    loadable with weights_only=True).
     """
 
     name = "image folder"
@@ -63,12 +64,14 @@ class ImageFolderDataModule(ClassificationDataModule):
         class_names: Sequence[str] | None = None,
         split: Sequence[int | float] = (0.8, 0.1, 0.1),
         split_seed: int = 42,
+        augment: bool = True,
         image_mode: str = "RGB",
         mean: Sequence[float] | None = None,
         std: Sequence[float] | None = None,
         transforms: dict[str, Any] | None = None,
         collate: str = "stack",
         skip_corrupt: bool = False,
+        prepare: dict[str, Any] | None = None,
         batch_size: int = 64,
         num_workers: int = 0,
         pin_memory: bool = False,
@@ -104,6 +107,7 @@ class ImageFolderDataModule(ClassificationDataModule):
             input_shape=input_shape,
             split=split,
             split_seed=split_seed,
+            augment=augment,
             batch_size=batch_size,
             num_workers=num_workers,
             pin_memory=pin_memory,
@@ -112,6 +116,11 @@ class ImageFolderDataModule(ClassificationDataModule):
             drop_last=drop_last,
         )
         self.collate_fn = COLLATES[collate]
+
+    def prepare_data(self) -> None:
+        """Call `prepare` (once per node, before any rank reads a file): it downloads or writes the data."""
+        if self.hparams.prepare is not None:
+            instantiate(self.hparams.prepare)
 
     def load_datasets(self) -> tuple[Dataset, Dataset, Dataset]:
         pool = self._listed("train")
@@ -154,12 +163,12 @@ class ImageFolderDataModule(ClassificationDataModule):
         """The samples of `stage`'s own source (None when it has none and is drawn from the train pool)."""
         hp = self.hparams
         if hp.layout == "class_folders":
-            folder = {"train": hp.image_dir, "val": hp.val_dir, "test": hp.test_dir}[stage]
-            return scan_class_folders(folder) if folder else None
-        label_file = {"train": hp.label_file, "val": hp.val_label_file, "test": hp.test_label_file}[stage]
-        if not label_file:
+            key = {"train": "image_dir", "val": "val_dir", "test": "test_dir"}[stage]
+            return scan_class_folders(hp[key], key) if hp[key] else None
+        key = {"train": "label_file", "val": "val_label_file", "test": "test_label_file"}[stage]
+        if not hp[key]:
             return None
-        return read_label_file(label_file, hp.image_dir, hp.image_column, hp.label_column, hp.header)
+        return read_label_file(hp[key], hp.image_dir, hp.image_column, hp.label_column, hp.header, key)
 
     def _without_unreadable(self, samples: list[Sample]) -> list[Sample]:
         """The samples whose files decode (data.skip_corrupt=true); one warning counts the others."""
@@ -214,7 +223,10 @@ class ImageFolderDataModule(ClassificationDataModule):
         return {stage: [pool[j] for j in order[bounds[i] : bounds[i + 1]]] for i, stage in enumerate(STAGES)}
 
     def _transform_config(self, stage: str) -> dict[str, Any] | None:
-        """The transforms config of `stage` (test falls back to val's); None when it has none."""
+        """The transforms config of `stage` (test falls back to val's; train is test's when `augment` is off);
+        None when it has none."""
+        if stage == "train" and not self.hparams.augment:
+            return self._transform_config("test")
         configs = self.hparams.transforms or {}
         return configs.get(stage) or (configs.get("val") if stage == "test" else None)
 

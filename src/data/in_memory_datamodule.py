@@ -17,7 +17,8 @@ class InMemoryDataModule(ClassificationDataModule):
     """Image tensors in memory: subclasses implement `load_datasets` (see ClassificationDataModule).
 
     Every argument is documented in configs/data/mnist5k.yaml. `split` gives the sizes (or fractions) of the
-    splits that `load_datasets` draws with `split_seed`; `mean`/`std` standardise pixels scaled to [0, 1].
+    splits that `load_datasets` draws with `split_seed`; `mean`/`std` standardise pixels scaled to [0, 1]
+    (`normalized_dataset`), which is what `inference_preprocessing` assumes: override it for other tensors.
     `loading` says how batches are made from the tensors (same samples, same order, whichever is chosen):
     `samples` one sample at a time and a collate, as a custom Dataset would; `batches` (the default) a whole
     batch with one indexing operation per tensor; `device` the same, from tensors moved once to the
@@ -36,6 +37,7 @@ class InMemoryDataModule(ClassificationDataModule):
         mean: float = 0.0,
         std: float = 1.0,
         random_shift: int = 0,
+        augment: bool = True,
         loading: str = "batches",
         batch_size: int = 64,
         num_workers: int = 0,
@@ -49,6 +51,7 @@ class InMemoryDataModule(ClassificationDataModule):
             input_shape=input_shape,
             split=split,
             split_seed=split_seed,
+            augment=augment,
             batch_size=batch_size,
             num_workers=num_workers,
             pin_memory=pin_memory,
@@ -92,8 +95,9 @@ class InMemoryDataModule(ClassificationDataModule):
         }
 
     def on_after_batch_transfer(self, batch: list[torch.Tensor], dataloader_idx: int) -> list[torch.Tensor]:
-        """Augment training batches on the device: shift each batch by up to `random_shift` pixels."""
-        shift = self.hparams.random_shift
+        """Augment training batches on the device: shift each batch by up to `random_shift` pixels (unless
+        `augment` is off)."""
+        shift = self.hparams.random_shift if self.hparams.augment else 0
         if shift and self.trainer is not None and self.trainer.training:
             images, labels = batch
             height, width = images.shape[-2:]

@@ -76,10 +76,14 @@ class ClassifierModule(L.LightningModule):
 
     def setup(self, stage: str) -> None:
         # What inference needs to know about the data: how to turn an image file into the net's input,
-        # and what the classes are called. The datamodule set up first; its answer goes into checkpoints.
+        # and what the classes are called. The datamodule set up first; its answer goes into checkpoints,
+        # with the datamodule's class, which an error can then name. A datamodule without the method (any
+        # LightningDataModule) is recorded as one that does not know: image files are refused, not guessed.
         datamodule = self.trainer.datamodule if self._trainer is not None else None
-        if datamodule is not None and hasattr(datamodule, "inference_preprocessing"):
-            self.hparams.preprocessing = datamodule.inference_preprocessing()
+        if datamodule is not None:
+            known = getattr(datamodule, "inference_preprocessing", lambda: None)()
+            owner = f"{type(datamodule).__module__}.{type(datamodule).__qualname__}"
+            self.hparams.preprocessing = {"datamodule": owner, **(known or {"transform": None})}
             names = datamodule.hparams.get("class_names")
             self.hparams.class_names = names_or_indices(names, self.hparams.num_classes)
 

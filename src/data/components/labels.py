@@ -12,6 +12,18 @@ from typing import Any
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 
+# What each key that names a label file or a class-folder root must point at, for the error when it does not.
+_CSV = "a CSV with one `image,label` line per image"
+_FOLDER = "a folder with one folder of images per class"
+EXPECTED = {
+    "label_file": f"point data.image_dir at your images and data.label_file at {_CSV}",
+    "val_label_file": f"give {_CSV}, or null to draw the validation images from data.label_file by data.split",
+    "test_label_file": f"give {_CSV}, or null to draw the test images from data.label_file by data.split",
+    "image_dir": f"give {_FOLDER}",
+    "val_dir": f"give {_FOLDER}, or null to draw the validation images from data.image_dir by data.split",
+    "test_dir": f"give {_FOLDER}, or null to draw the test images from data.image_dir by data.split",
+}
+
 
 @dataclass(frozen=True)
 class Sample:
@@ -28,21 +40,23 @@ def read_label_file(
     image_column: int | str = 0,
     label_column: int | str = 1,
     header: bool | str = "auto",
+    key: str = "label_file",
 ) -> list[Sample]:
     """The samples of a CSV label file; image names are relative to `image_dir` unless absolute.
 
     `header`: true, false, or "auto" (the first row is a header when its image field is not an image file
-    name). Columns are 0-based indices, or header names when the file has a header.
+    name). Columns are 0-based indices, or header names when the file has a header. `key`: the config key
+    that names the file (label_file, val_label_file, test_label_file), for the errors.
     """
     label_file = Path(label_file)
     if not label_file.is_file():
-        raise FileNotFoundError(f"label file {label_file} does not exist; check data.label_file")
+        raise FileNotFoundError(f"data.{key}={label_file} does not exist; {EXPECTED[key]}")
     with open(label_file, newline="") as file:
         rows = [
             (reader_line, row) for reader_line, row in _numbered_rows(file) if any(f.strip() for f in row)
         ]
     if not rows:
-        raise ValueError(f"label file {label_file} is empty; it needs one `image,label` line per image")
+        raise ValueError(f"data.{key}={label_file} is empty; it needs one `image,label` line per image")
     first = rows[0][1]
     if header == "auto":
         column = image_column if isinstance(image_column, int) else 0
@@ -70,17 +84,17 @@ def read_label_file(
     return samples
 
 
-def scan_class_folders(root: str | Path) -> list[Sample]:
-    """The images of `root/<class name>/<image>` (any depth below the class folder), labelled by folder."""
+def scan_class_folders(root: str | Path, key: str = "image_dir") -> list[Sample]:
+    """The images of `root/<class name>/<image>` (any depth below the class folder), labelled by folder.
+
+    `key`: the config key that names `root` (image_dir, val_dir, test_dir), for the errors."""
     root = Path(root)
     if not root.is_dir():
-        raise FileNotFoundError(
-            f"image folder {root} does not exist; check data.image_dir (or val_dir/test_dir)"
-        )
+        raise FileNotFoundError(f"data.{key}={root} does not exist; {EXPECTED[key]}")
     class_dirs = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
     if not class_dirs:
         raise ValueError(
-            f"{root} has no class folders; data.layout=class_folders expects {root}/<class>/<image>"
+            f"data.{key}={root} has no class folders; data.layout=class_folders expects {root}/<class>/<image>"
         )
     return [
         Sample(path, class_dir.name, str(class_dir))
