@@ -130,9 +130,11 @@ def build(
             # Lightning ends a SIGTERM'd run with SystemExit(None), i.e. exit status 0; a killed run should
             # say it was killed (128 + SIGTERM), like any other process.
             raise SystemExit(128 + signal.SIGTERM) from err
-        except BaseException as err:
-            error = err
-            raise
+    except BaseException as err:
+        # Whatever failed once the record exists, setting up (a logger refusing the hyperparameters, e.g.
+        # wandb without a login) or running, the record says so.
+        error = error or err
+        raise
     finally:
         if record is not None:
             run_record.write_end(record, cfg.paths.output_dir, run.metrics, error)

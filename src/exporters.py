@@ -26,7 +26,7 @@ def require(packages: tuple[str, ...], what: str) -> None:
     missing = [name for name in packages if importlib.util.find_spec(name) is None]
     if missing:
         raise ModuleNotFoundError(
-            f"{what} needs the export extra (missing: {', '.join(missing)}): pip install -e '.[export]'"
+            f'{what} needs the export extra (missing: {", ".join(missing)}): pip install -e ".[export]"'
         )
 
 

@@ -85,7 +85,8 @@ def test_callback_options_instantiate(compose_cfg, option):
 
 @pytest.mark.parametrize("option", options("logger"))
 def test_logger_options_instantiate(compose_cfg, option):
-    cfg = compose_cfg("train", [f"logger={option}"])
+    offline = ["logger.wandb.offline=true"] if option == "wandb" else []  # many_loggers sets it itself
+    cfg = compose_cfg("train", [f"logger={option}", *offline])
     loggers = instantiate_group(cfg.logger, "logger")
     assert len(loggers) == len(cfg.logger) >= 1  # one per entry (many_loggers: csv, tensorboard, wandb)
     assert all(isinstance(logger, L.pytorch.loggers.Logger) for logger in loggers)

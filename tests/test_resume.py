@@ -36,6 +36,7 @@ def test_a_named_run_continues_exactly_where_it_was_interrupted(tmp_path: Path, 
         *EXACT,
         INTERRUPTIBLE,
         "logger=wandb",
+        "logger.wandb.offline=true",
         "data.random_shift=1",
     ]  # augmentation draws random numbers
     first = run_cli(

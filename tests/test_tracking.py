@@ -1,8 +1,14 @@
-"""Experiment tracking: wandb offline, TensorBoard, CSV together; the run record; pictures and histograms."""
+"""Experiment tracking: wandb offline, TensorBoard, CSV together; MLflow in SQLite; the run record; pictures and
+histograms."""
 
 import json
+import os
+import subprocess
+import sys
+import time
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -10,8 +16,19 @@ from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from src.builder import build
+from src.utils import preflight
 from src.utils.run_record import git_state
-from tests.conftest import ROOT, last_metrics, only_run_dir, run_cli, wandb_records, wandb_run
+from tests.conftest import (
+    ROOT,
+    cli_command,
+    free_port,
+    last_metrics,
+    only_run_dir,
+    run_cli,
+    torchrun,
+    wandb_records,
+    wandb_run,
+)
 
 DIGITS_MLP = ["data=digits", "model=mlp", "trainer.max_epochs=2"]
 
@@ -120,7 +137,7 @@ def test_a_run_outside_git_that_fails_still_completes_its_record(compose_cfg, tm
 
 
 def test_wandb_offline_from_the_environment_alone_never_prompts(tmp_path: Path, data_dir: Path):
-    # logger.wandb.offline stays false: WANDB_MODE=offline (set for every test run) must be enough.
+    # The config's other documented way: logger.wandb.offline stays false, WANDB_MODE=offline is enough.
     result = run_cli(
         "train",
         "debug=limit",
@@ -129,15 +146,30 @@ def test_wandb_offline_from_the_environment_alone_never_prompts(tmp_path: Path, 
         "logger=wandb",
         log_dir=tmp_path,
         data_dir=data_dir,
+        env={"WANDB_MODE": "offline"},
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert wandb_run(only_run_dir(tmp_path, "debug"))["run"] is not None
 
 
+def test_wandb_online_without_a_login_fails_at_start_and_the_record_says_so(tmp_path: Path, data_dir: Path):
+    # A user who never ran `wandb login`: a home of their own with no key in it, nothing in the environment.
+    env = {key: value for key, value in os.environ.items() if not key.startswith("WANDB_")}
+    env["HOME"] = str(tmp_path / "home")
+    result = subprocess.run(
+        cli_command("train", "debug=limit", *DIGITS_MLP, "logger=wandb", log_dir=tmp_path, data_dir=data_dir),
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode != 0 and "wandb login" in result.stderr
+    record = json.loads((only_run_dir(tmp_path, "debug") / "run.json").read_text())
+    assert record["status"] == "failed" and "API key" in record["error"]  # not "completed"
+
+
 @pytest.mark.slow
 def test_ddp_creates_one_wandb_run_from_rank_zero_with_its_checkpoints(tmp_path: Path, data_dir: Path):
     overrides = ["trainer=ddp_sim", *DIGITS_MLP, "logger=wandb", "logger.wandb.log_model=all"]
-    result = run_cli("train", *overrides, log_dir=tmp_path, data_dir=data_dir)
+    # Lightning refuses log_model with logger.wandb.offline=true; offline checkpoints need WANDB_MODE=offline.
+    result = run_cli("train", *overrides, log_dir=tmp_path, data_dir=data_dir, env={"WANDB_MODE": "offline"})
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = only_run_dir(tmp_path)
     assert len(list(run_dir.glob("wandb/offline-run-*"))) == 1
@@ -154,3 +186,105 @@ def test_debug_presets_draw_no_pictures(compose_cfg):
     for preset in ("fdr", "limit", "overfit", "profiler", "default"):
         assert compose_cfg("train", [f"debug={preset}"]).callbacks.get("prediction_pictures") is None
     assert compose_cfg("train").callbacks.prediction_pictures is not None
+
+
+def mlflow_runs(log_dir: Path, experiment: str) -> tuple[Any, list]:
+    """MLflow's own client on the SQLite store under `log_dir`, and the runs of one experiment in it."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{log_dir}/mlflow.db")
+    return client, client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
+
+
+def test_mlflow_sweep_jobs_share_one_sqlite_file_with_their_params_metrics_and_pictures(
+    tmp_path: Path, data_dir: Path
+):
+    # Started from another folder: nothing may land in the working directory (MLflow's default ./mlruns).
+    log_dir = tmp_path / "logs"
+    overrides = ["-m", *DIGITS_MLP, "model.optimizer.lr=0.001,0.01", "logger=[csv,mlflow]"]
+    result = run_cli("train", *overrides, log_dir=log_dir, data_dir=data_dir, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["logs"]
+    assert {"mlflow.db", "mlflow-artifacts"} <= {p.name for p in log_dir.iterdir()}
+    client, runs = mlflow_runs(log_dir, "train")
+    runs = {run.data.params["model/optimizer/lr"]: run for run in runs}
+    assert sorted(runs) == ["0.001", "0.01"]  # one run per job, each with its own hyperparameters
+    (sweep,) = (log_dir / "train" / "multiruns").iterdir()
+    for job, lr in (("0", "0.001"), ("1", "0.01")):
+        run = runs[lr]
+        assert run.info.status == "FINISHED" and f"model.optimizer.lr={lr}" in run.info.run_name.split(",")
+        assert run.data.params["trainer/max_epochs"] == "2" and run.data.params["run/world_size"] == "1"
+        metrics = run.data.metrics
+        assert {"train/loss", "train/acc", "val/loss", "val/acc", "val/acc_best", "test/acc"} <= set(metrics)
+        assert metrics["test/acc"] == pytest.approx(last_metrics(sweep / job)["test/acc"])  # as in its CSV
+        assert len(client.get_metric_history(run.info.run_id, "val/acc")) == 2  # one per epoch
+        artifacts = Path(run.info.artifact_uri.removeprefix("file://"))
+        assert artifacts.is_relative_to(log_dir / "mlflow-artifacts")
+        assert {"val~confusion_matrix", "test~confusion_matrix", "test~predictions"} <= {
+            p.name.split("+", 1)[0] for p in (artifacts / "images").glob("*.png")
+        }
+
+
+# Opens a new SQLite store in the folder argv[1] as soon as the file `go` appears there, and logs one metric.
+OPEN_AT_ONCE = """
+import sys, time
+from pathlib import Path
+from src.utils.loggers import MLFlowLogger
+
+folder, number = Path(sys.argv[1]), sys.argv[2]
+(folder / f"ready-{number}").touch()
+while not (folder / "go").exists():
+    time.sleep(0.01)
+logger = MLFlowLogger(experiment_name="train", tracking_uri=f"sqlite:///{folder}/mlflow.db")
+logger.log_metrics({"val/acc": float(number)}, step=0)
+logger.finalize("success")
+"""
+
+
+@pytest.mark.slow
+def test_processes_that_open_a_new_mlflow_store_at_once_all_log(tmp_path: Path):
+    """torchrun's ranks, or the parallel jobs of a sweep, start together on a new mlflow.db; without the lock
+    MLflow's table creation and Lightning's experiment creation collided (alembic or "already exists")."""
+    processes = [
+        subprocess.Popen([sys.executable, "-c", OPEN_AT_ONCE, str(tmp_path), str(n)], stderr=subprocess.PIPE)
+        for n in range(2)
+    ]
+    while len(list(tmp_path.glob("ready-*"))) < 2 and all(p.poll() is None for p in processes):
+        time.sleep(0.05)
+    (tmp_path / "go").touch()
+    for process in processes:
+        _, stderr = process.communicate(timeout=120)
+        assert process.returncode == 0, stderr.decode()[-3000:]
+    _, runs = mlflow_runs(tmp_path, "train")
+    assert sorted(run.data.metrics["val/acc"] for run in runs) == [0.0, 1.0]
+
+
+@pytest.mark.slow
+def test_torchrun_ranks_share_the_mlflow_store_and_only_rank_zero_logs(tmp_path: Path, data_dir: Path):
+    result = run_cli(
+        "train",
+        "trainer=ddp",
+        "trainer.accelerator=cpu",
+        "trainer.devices=2",
+        *DIGITS_MLP,
+        "logger=mlflow",
+        launcher=torchrun("--nproc_per_node=2", f"--master_port={free_port()}"),
+        log_dir=tmp_path,
+        data_dir=data_dir,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    _, (run,) = mlflow_runs(tmp_path, "train")  # both ranks opened the new store; one run, from rank 0
+    assert run.info.status == "FINISHED" and run.data.params["run/world_size"] == "2"
+    assert {"val/acc", "test/acc"} <= set(run.data.metrics)
+
+
+def test_mlflow_without_its_extra_names_the_extra_before_anything_is_built(
+    compose_cfg, monkeypatch: pytest.MonkeyPatch
+):
+    # As in an install without the extra: `import mlflow` fails and find_spec("mlflow") is None.
+    monkeypatch.setitem(sys.modules, "mlflow", None)
+    with pytest.raises(
+        ModuleNotFoundError, match=r'^logger=mlflow needs MLflow: pip install -e "\.\[mlflow\]"$'
+    ):
+        preflight.check_run(compose_cfg("train", ["logger=mlflow"]))
+    preflight.check_run(compose_cfg("train", ["logger=csv"]))  # the other loggers need no extra
