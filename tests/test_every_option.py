@@ -1,0 +1,110 @@
+"""Every option of every config group runs, on a fresh install, as a user runs it: `python src/train.py
+-m debug=fdr <group>=<each option>` (one batch of each stage per option; one process per group, so the
+imports are paid once). Loggers walk with debug=limit instead: fast_dev_run swaps every logger for a dummy,
+which would hide a logger that fails at its first write (as MLflow's file store did). An option that needs something first (a GPU, a download, a login, its own data)
+fails with a message that says what; the test lists those with the words they must say.
+
+A new YAML file in a group is picked up by itself: it must run, or be listed below with its message.
+`extras` and `paths` have one option each, `default`, which every run here uses.
+"""
+
+import csv
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import CONFIG_DIR, run_cli
+
+# Groups whose options are walked, and the overrides each walk adds.
+FDR = ["debug=fdr"]
+GROUPS = {
+    "data": FDR,
+    "model": FDR,
+    "model/net": FDR,
+    "model/optimizer": FDR,
+    "model/scheduler": FDR,
+    "callbacks": FDR,
+    "logger": ["debug=limit", "trainer.max_epochs=1", "data=digits", "model=mlp"],
+    "trainer": FDR,
+    "experiment": FDR,
+    "debug": ["trainer.max_epochs=2"],  # the presets themselves, shortened
+}
+# Options that cannot run here, and what their error must say so that the user knows what to do first.
+NEEDS_SOMETHING = {
+    ("data", "mnist"): "could not be downloaded",  # the full MNIST: a download, no network here
+    ("data", "image_folder"): "data.image_dir",  # your own images: say where they are
+    ("trainer", "fsdp"): "needs CUDA GPUs",
+    ("trainer", "deepspeed"): "needs CUDA GPUs",
+}
+if torch.cuda.is_available():  # on a GPU machine these run
+    NEEDS_SOMETHING = {key: value for key, value in NEEDS_SOMETHING.items() if key[0] != "trainer"}
+
+
+def options(group: str) -> list[str]:
+    return sorted(path.stem for path in (CONFIG_DIR / group).glob("*.yaml"))
+
+
+def walk(group: str, choices: list[str], *overrides: str, tmp_path: Path, data_dir: Path) -> dict[str, dict]:
+    """Run one multirun over `choices` of `group`; return each job's row of the sweep summary."""
+    result = run_cli(
+        "train",
+        "-m",
+        f"{group}={','.join(choices)}",
+        *overrides,
+        log_dir=tmp_path,
+        data_dir=data_dir,
+        timeout=600,
+    )
+    (sweep,) = (tmp_path / "debug" / "multiruns").iterdir()
+    with open(sweep / "summary.csv") as file:
+        rows = {row[group]: row for row in csv.DictReader(file)}
+    assert sorted(rows) == sorted(choices), result.stderr[-3000:]
+    return rows
+
+
+# Options walked on their own, with the override a user gives them (a key the group's other options lack).
+ALONE = {("logger", "wandb"): ["logger.wandb.offline=true"]}  # no wandb login here: offline, as documented
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("group", GROUPS)
+def test_every_option_of_the_group_runs_or_says_what_it_needs(group: str, tmp_path: Path, data_dir: Path):
+    choices = [option for option in options(group) if (group, option) not in ALONE]
+    rows = walk(group, choices, *GROUPS[group], tmp_path=tmp_path / "together", data_dir=data_dir)
+    for (alone_group, option), overrides in ALONE.items():
+        if alone_group == group:
+            rows |= walk(
+                group, [option], *GROUPS[group], *overrides, tmp_path=tmp_path / option, data_dir=data_dir
+            )
+    problems = []
+    for option, row in rows.items():
+        needs = NEEDS_SOMETHING.get((group, option))
+        if needs is None and row["status"] != "completed":
+            problems.append(f"{group}={option} failed: {row['error']}")
+        elif needs is not None and needs not in row["error"]:
+            problems.append(f"{group}={option}: expected an error saying {needs!r}, got {row['error']!r}")
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("search", options("hparams_search"))
+def test_every_hparams_search_runs_a_trial(search: str, tmp_path: Path, data_dir: Path):
+    result = run_cli(
+        "train", "-m", f"hparams_search={search}", "hydra.sweeper.n_trials=1", "trainer.max_epochs=1",
+        "+trainer.limit_train_batches=2", "+trainer.limit_val_batches=1", "+trainer.limit_test_batches=1",
+        log_dir=tmp_path, data_dir=data_dir, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    with open(tmp_path / "train" / "studies" / search / "summary.csv") as file:
+        assert [row["status"] for row in csv.DictReader(file)] == ["completed"]
+
+
+def test_the_groups_not_walked_have_only_the_option_every_walk_uses():
+    # A second option in one of these is walked by adding the group to GROUPS. Not walked either: the
+    # searches (the test above), your machine's settings (local/) and Hydra's own settings (hydra/: the
+    # sweeper runs in the searches; launcher=slurm needs a SLURM cluster).
+    assert options("extras") == options("paths") == ["default"]
+    groups = {path.parent.relative_to(CONFIG_DIR).as_posix() for path in CONFIG_DIR.glob("*/**/*.yaml")}
+    others = {"extras", "paths", "hparams_search", "hydra", "hydra/launcher", "hydra/sweeper"}
+    assert groups - set(GROUPS) - {"local"} == others
