@@ -28,7 +28,8 @@ GROUPS = {
     "logger": ["debug=limit", "trainer.max_epochs=1", "data=digits", "model=mlp"],
     "trainer": FDR,
     "experiment": FDR,
-    "debug": ["trainer.max_epochs=2"],  # the presets themselves, shortened
+    "debug": ["trainer.max_epochs=2", "data=digits", "model=mlp"],  # the presets themselves, shortened
+    # (tests/test_data.py runs debug=overfit on every data option)
 }
 # Options that cannot run here, and what their error must say so that the user knows what to do first.
 NEEDS_SOMETHING = {

@@ -394,6 +394,7 @@ def test_the_example_experiment_pointed_at_your_own_files_names_the_key_still_to
             "data.prepare=null",
         ],
     )
+    cfg.paths.data_dir = str(tmp_path / "data")  # not the session's, where another test may have built them
     datamodule = instantiate(cfg.data, _convert_="all")
     with pytest.raises(
         FileNotFoundError, match=r"^data\.test_label_file=.*mnist_images/test\.csv does not exist"
