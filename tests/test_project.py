@@ -393,14 +393,9 @@ def test_a_project_generated_with_other_answers_installs_and_passes_its_own_test
     assert not named, "\n".join(named)
 
     python = project_venv(project, tmp_path / "venv")
-    # Its own fast tests of what generation changes (configs, code style, tooling and commands, the CLI), in
-    # its own venv; all of them (`make test-fast`) take minutes, too long inside this suite.
-    own = [
-        "tests/test_configs.py",
-        "tests/test_code_quality.py",
-        "tests/test_project.py",
-        "tests/test_train.py",
-    ]
+    # Its own fast tests of what generation changes (configs, code style, tooling and commands), in its own
+    # venv; all of them (`make test-fast`) take minutes, too long inside this suite. Then its CLI, below.
+    own = ["tests/test_configs.py", "tests/test_code_quality.py", "tests/test_project.py"]
     tests = subprocess.run(
         [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", "-m", "not slow", *own],
         cwd=project, capture_output=True, text=True, timeout=900,
