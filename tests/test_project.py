@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tomllib
 from pathlib import Path
 
@@ -315,13 +316,8 @@ def project_venv(project: Path, venv: Path) -> Path:
         [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
         capture_output=True, text=True, check=True,
     ).stdout.strip()  # fmt: skip
-    here = subprocess.run(
-        [sys.executable, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        capture_output=True, text=True, check=True,
-    ).stdout.strip()  # fmt: skip
-    (Path(site) / "lent_packages.pth").write_text(
-        here + "\n"
-    )  # a plain path: this venv's own src is not lent
+    # A plain path, not a site dir: the .pth files in it (this repo's own editable `src`) are not read.
+    (Path(site) / "lent_packages.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     install = subprocess.run(
         [python, "-m", "pip", "install", "--quiet", "--no-deps", "-e", "."],
         cwd=project, capture_output=True, text=True, timeout=300,
