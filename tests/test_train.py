@@ -55,16 +55,6 @@ def test_train_then_eval_gives_the_same_test_accuracy(tmp_path: Path, data_dir: 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("preset", ["default", "limit", "overfit", "profiler"])
-def test_debug_presets_run(tmp_path: Path, data_dir: Path, preset: str):
-    result = run_cli("train", f"debug={preset}", *DIGITS_MLP, log_dir=tmp_path, data_dir=data_dir)
-    assert result.returncode == 0, result.stderr[-3000:]
-    metrics = last_metrics(only_run_dir(tmp_path, "debug"))
-    if preset == "overfit":
-        assert metrics["train/acc"] > 0.95  # the model can memorise 3 batches
-
-
-@pytest.mark.slow
 def test_example_experiment_trains_well(tmp_path: Path, data_dir: Path):
     result = run_cli("train", "experiment=digits_mlp", log_dir=tmp_path, data_dir=data_dir)
     assert result.returncode == 0, result.stderr[-3000:]
