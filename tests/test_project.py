@@ -408,6 +408,38 @@ def test_a_project_generated_with_other_answers_installs_and_passes_its_own_test
     assert json.loads((run / "run.json").read_text())["status"] == "completed"
 
 
+@TEMPLATE_ONLY
+@pytest.mark.slow
+def test_copier_update_brings_template_changes_and_keeps_the_projects_readme(template: Path, tmp_path: Path):
+    git = ["git", "-c", "user.name=u", "-c", "user.email=u@u"]
+    newer = tmp_path / "template"  # the template, later: a clone with one more commit
+    subprocess.run(["git", "clone", "--quiet", template, newer], check=True)
+    project = tmp_path / "cells"
+    copier(newer, project, "project_name=Cell counting", "keep_examples=false")
+    subprocess.run(["git", "init", "--quiet"], cwd=project, check=True)
+    subprocess.run([*git, "add", "-A"], cwd=project, check=True)
+    subprocess.run([*git, "commit", "--quiet", "-m", "start"], cwd=project, check=True)
+    with open(project / "README.md", "a") as readme:
+        readme.write("Our lab's notes.\n")
+    subprocess.run([*git, "commit", "--quiet", "-am", "our README"], cwd=project, check=True)
+    with open(newer / "Makefile", "a") as makefile:
+        makefile.write("# a later template change\n")
+    subprocess.run([*git, "commit", "--quiet", "-am", "template change"], cwd=newer, check=True)
+
+    update = subprocess.run(
+        [BIN / "copier", "update", "--trust", "--defaults"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert update.returncode == 0, update.stdout + update.stderr
+    assert (project / "Makefile").read_text().endswith("# a later template change\n")
+    readme = (project / "README.md").read_text()
+    assert readme.startswith("# Cell counting\n") and readme.endswith("Our lab's notes.\n")
+    assert not (project / "scripts" / "project_readme.md").exists()
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
