@@ -45,8 +45,8 @@ PYTHON = sys.executable
 
 # The cases: the template's config options for each. Batch size 128 for both.
 CASES = {
-    "mlp": ["data=digits", "model=mlp"],
-    "cnn": ["data=mnist5k", "model=cnn"],
+    "mlp": ["data=digits", "model/net=mlp"],
+    "cnn": ["data=mnist5k", "model=classifier"],
 }
 BATCH_SIZE = 128
 # The template, then what it is compared with: Lightning alone (the same module, no callbacks, logger or progress
@@ -261,7 +261,7 @@ def hand_loop(args: argparse.Namespace) -> dict[str, float]:
     from hydra.utils import instantiate
     from torch.utils.data import DataLoader, TensorDataset
 
-    from src.utils.allocator import keep_freed_memory
+    from src.run.memory import keep_freed_memory
 
     if args.loop != "classic_untuned":  # the template's default (extras.keep_freed_memory)
         keep_freed_memory()

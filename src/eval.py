@@ -14,8 +14,8 @@ CONFIG_DIR = str(Path(__file__).resolve().parents[1] / "configs")
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="eval")
 def main(cfg: DictConfig) -> None:
     # Imported here, so that `--help` and `--cfg job` answer without loading torch and Lightning.
+    from src.launch import hydra_ddp
     from src.tasks import evaluate
-    from src.utils import hydra_ddp
 
     hydra_ddp.install(script=__file__)  # Lightning's DDP workers re-run this file, on this job only
     evaluate(cfg)

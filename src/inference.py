@@ -23,8 +23,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from src.data.components.collate import COLLATES
 from src.data.components.labels import IMAGE_EXTENSIONS, names_or_indices
-from src.utils.checkpoints import check_checkpoint, load_checkpoint
-from src.utils.run_record import RECORD_FILE
+from src.run.checkpoints import check_checkpoint, load_checkpoint
+from src.run.record import RECORD_FILE
 
 log = logging.getLogger(__name__)
 

@@ -13,9 +13,9 @@ from lightning.fabric.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from src import exporters, inference
-from src.builder import build
-from src.utils.checkpoints import check_checkpoint, check_fits
-from src.utils.resume import plan_resume
+from src.run.builder import build
+from src.run.checkpoints import check_checkpoint, check_fits
+from src.run.resume import plan_resume
 
 log = logging.getLogger(__name__)
 

@@ -76,13 +76,13 @@ def run_in(project: Path, script: str, *overrides: str, log_dir: Path, data_dir:
 
 @pytest.fixture(scope="module")
 def trained(project: Path, tmp_path_factory: pytest.TempPathFactory, data_dir: Path) -> Path:
-    """`python src/train.py data=stripes model=mlp`: trains, tests the best checkpoint; its run dir."""
+    """`python src/train.py data=stripes model/net=mlp`: trains, tests the best checkpoint; its run dir."""
     log_dir = tmp_path_factory.mktemp("logs")
     result = run_in(
         project,
         "train",
         "data=stripes",
-        "model=mlp",
+        "model/net=mlp",
         "trainer.max_epochs=4",
         log_dir=log_dir,
         data_dir=data_dir,
@@ -115,7 +115,13 @@ def test_its_checkpoint_evaluates_to_the_training_runs_test_accuracy(
 ):
     best = trained / "checkpoints" / "best.ckpt"
     result = run_in(
-        project, "eval", "data=stripes", "model=mlp", f"ckpt_path={best}", log_dir=tmp_path, data_dir=data_dir
+        project,
+        "eval",
+        "data=stripes",
+        "model/net=mlp",
+        f"ckpt_path={best}",
+        log_dir=tmp_path,
+        data_dir=data_dir,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert last_metrics(only_run_dir(tmp_path, "eval"))["test/acc"] == last_metrics(trained)["test/acc"]

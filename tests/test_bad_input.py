@@ -9,14 +9,14 @@ import pytest
 import torch
 from hydra.utils import instantiate
 
-from src.callbacks.latest_checkpoint import LatestCheckpoint
+from src.callbacks.last_checkpoint import LastCheckpoint
 from src.callbacks.throughput import Throughput
 from src.callbacks.training_guards import TrainingGuards
-from src.utils import preflight
-from src.utils.checkpoints import check_fits
+from src.run import preflight
+from src.run.checkpoints import check_fits
 from tests.conftest import only_run_dir, run_cli
 
-DIGITS_MLP = ["data=digits", "model=mlp"]
+DIGITS_MLP = ["data=digits", "model/net=mlp"]
 
 
 @pytest.mark.parametrize(
@@ -73,7 +73,7 @@ def test_a_checkpoint_of_another_model_lists_every_tensor_that_differs(compose_c
     assert f"ckpt_path={checkpoint} does not fit this model (" in message
     assert "net.layers.1.weight: checkpoint [64, 64], model [128, 64]" in message
     assert "was it trained with another model=, model/net= or data=" in message
-    cnn = instantiate(compose_cfg("train", ["data=digits", "model=cnn"]).model)
+    cnn = instantiate(compose_cfg("train", ["data=digits", "model=classifier"]).model)
     with pytest.raises(
         ValueError,
         match=r"missing from the checkpoint: net.features.0.weight, .*; not in the model: net.layers.1.weight",
@@ -162,7 +162,7 @@ def test_off_a_single_cpu_the_nan_check_reads_its_flag_every_n_steps_and_at_epoc
             "callbacks.throughput.warmup_steps=-1 must be 0 or more",
         ),
         (
-            lambda: LatestCheckpoint("checkpoints", min_seconds_between=-5),
+            lambda: LastCheckpoint("checkpoints", min_seconds_between=-5),
             "callbacks.last_checkpoint.min_seconds_between=-5 must be 0 or more",
         ),
     ],

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from src.utils import allocator
+from src.run import memory
 from tests.conftest import ROOT
 
-GLIBC = allocator.glibc()
+GLIBC = memory.glibc()
 
 SIDES = ("template", "lightning", "classic", "tight", "classic_untuned")
 STEP_FIELDS = [f"{side}_{rate}_samples_per_sec" for side in SIDES for rate in ("train", "fit")] + [
@@ -73,8 +73,8 @@ def test_the_gpu_variant_without_a_gpu_says_so():
 STEP_PATTERN = """
 import resource, sys
 from omegaconf import OmegaConf
-from src.utils.allocator import keep_freed_memory
-from src.utils.config import apply_extras
+from src.run.memory import keep_freed_memory
+from src.run.extras import apply_extras
 if sys.argv[1] == "extras":  # the shipped extras config, as every run applies it
     extras = OmegaConf.load("configs/extras/default.yaml")
     extras.print_config = False

@@ -10,7 +10,7 @@ import yaml
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from src.builder import instantiate_group
+from src.run.builder import instantiate_group
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 
@@ -47,9 +47,11 @@ def test_model_options_instantiate_and_fit_the_data(compose_cfg, option):
 
 
 def test_channels_last_converts_the_convs_and_gives_the_same_outputs(compose_cfg):
-    cfg = compose_cfg("train", ["model=cnn", "data=mnist5k"])
+    cfg = compose_cfg("train", ["model=classifier", "data=mnist5k"])
     plain = instantiate(cfg.model)
-    fast = instantiate(compose_cfg("train", ["model=cnn", "data=mnist5k", "model.channels_last=true"]).model)
+    fast = instantiate(
+        compose_cfg("train", ["model=classifier", "data=mnist5k", "model.channels_last=true"]).model
+    )
     fast.load_state_dict(plain.state_dict())
     fast.configure_model()  # what the Trainer calls once the strategy is set up
     conv = next(m for m in fast.net.modules() if isinstance(m, torch.nn.Conv2d))
@@ -169,7 +171,7 @@ def test_a_group_entry_without_target_is_refused():
 
 
 def test_empty_tags_are_refused_when_enforced(compose_cfg):
-    from src.utils.config import apply_extras
+    from src.run.extras import apply_extras
 
     with pytest.raises(ValueError, match=r"tags is empty; label the run, e.g. tags=\[baseline\]"):
         apply_extras(compose_cfg("train", ["tags=[]"]))

@@ -142,7 +142,7 @@ def test_the_overfit_preset_trains_on_every_data_option(option: str, tmp_path: P
         "train",
         "debug=overfit",
         f"data={option}",
-        "model=mlp",
+        "model/net=mlp",
         "trainer.max_epochs=2",
         *overrides,
         log_dir=tmp_path / "logs",

@@ -8,7 +8,7 @@ import yaml
 
 from tests.conftest import assert_single_run_dir, last_metrics, only_run_dir, run_cli
 
-TINY = ["data=digits", "model=mlp", "trainer.max_epochs=2"]
+TINY = ["data=digits", "model/net=mlp", "trainer.max_epochs=2"]
 
 
 @pytest.mark.slow
@@ -33,7 +33,7 @@ def test_ddp_run_writes_one_run_dir_and_syncs_metrics(tmp_path: Path, data_dir: 
     ddp_acc = last_metrics(run_dir)["test/acc"]
     ckpt = run_dir / "checkpoints" / "best.ckpt"
     evaluated = run_cli(
-        "eval", "data=digits", "model=mlp", f"ckpt_path={ckpt}", log_dir=tmp_path, data_dir=data_dir
+        "eval", "data=digits", "model/net=mlp", f"ckpt_path={ckpt}", log_dir=tmp_path, data_dir=data_dir
     )
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     assert last_metrics(only_run_dir(tmp_path, "eval"))["test/acc"] == pytest.approx(ddp_acc)

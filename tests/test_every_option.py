@@ -25,10 +25,10 @@ GROUPS = {
     "model/optimizer": FDR,
     "model/scheduler": FDR,
     "callbacks": FDR,
-    "logger": ["debug=limit", "trainer.max_epochs=1", "data=digits", "model=mlp"],
+    "logger": ["debug=limit", "trainer.max_epochs=1", "data=digits", "model/net=mlp"],
     "trainer": FDR,
     "experiment": FDR,
-    "debug": ["data=digits", "model=mlp"],  # the presets themselves, on the digits MLP (seconds each);
+    "debug": ["data=digits", "model/net=mlp"],  # the presets themselves, on the digits MLP (seconds each);
     # tests/test_data.py runs debug=overfit on every data option
 }
 # Options that cannot run here, and what their error must say so that the user knows what to do first.

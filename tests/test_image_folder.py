@@ -242,7 +242,7 @@ def test_an_empty_split_is_refused(image_folder, tmp_path: Path):
 
 
 def test_a_mixed_size_folder_trains_with_pad_collate_and_the_cnn(compose_cfg, tmp_path: Path):
-    from src.builder import build
+    from src.run.builder import build
 
     labels = write_label_folder(tmp_path, ["a", "b", "c"] * 4)
     cfg = compose_cfg(

@@ -14,7 +14,7 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from lightning.fabric.plugins.environments import SLURMEnvironment
 
-from src.utils import launchers
+from src.launch import environment
 from tests.conftest import (
     CONFIG_DIR,
     assert_single_run_dir,
@@ -27,7 +27,7 @@ from tests.conftest import (
     torchrun,
 )
 
-TINY = ["data=digits", "model=mlp", "trainer.max_epochs=2"]
+TINY = ["data=digits", "model/net=mlp", "trainer.max_epochs=2"]
 CPU_DDP = ["trainer=ddp", "trainer.accelerator=cpu"]
 # torchrun gives each of several local ranks one thread; the two-node run gets the same, so both launches
 # do the same float operations and must train bit-identical weights.
@@ -191,7 +191,7 @@ def test_slurm_requeue_saves_a_checkpoint_and_the_requeued_job_resumes_from_it(
         "SLURM_LOCALID": "0",
         "SLURM_NODEID": "0",
     }
-    overrides = ["data=digits", "model=mlp", "trainer.max_epochs=15", "callbacks.early_stopping=null"]
+    overrides = ["data=digits", "model/net=mlp", "trainer.max_epochs=15", "callbacks.early_stopping=null"]
     command = cli_command("train", *overrides, log_dir=tmp_path / "logs", data_dir=data_dir)
     run_dir = tmp_path / "logs" / "train" / "runs" / "slurm-4242"
 
@@ -221,7 +221,7 @@ def test_slurm_requeue_saves_a_checkpoint_and_the_requeued_job_resumes_from_it(
 def test_only_global_rank_zero_counts_as_rank_zero(monkeypatch: pytest.MonkeyPatch):
     for name in ("RANK", "SLURM_PROCID", "LOCAL_RANK", "NODE_RANK"):
         monkeypatch.delenv(name, raising=False)
-    assert launchers.is_global_rank_zero()
+    assert environment.is_global_rank_zero()
     cases = [
         ({"RANK": "1", "LOCAL_RANK": "0"}, False),  # torchrun: node 1's first process
         ({"RANK": "0", "SLURM_PROCID": "3"}, True),  # srun torchrun: torchrun's rank wins
@@ -233,7 +233,7 @@ def test_only_global_rank_zero_counts_as_rank_zero(monkeypatch: pytest.MonkeyPat
         with monkeypatch.context() as patch:
             for name, value in env.items():
                 patch.setenv(name, value)
-            assert launchers.is_global_rank_zero() is expected, env
+            assert environment.is_global_rank_zero() is expected, env
 
 
 @pytest.mark.parametrize(
@@ -260,10 +260,10 @@ def test_slurm_jobs_are_detected_as_lightning_detects_them(monkeypatch, env, job
             monkeypatch.delenv(name)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    assert launchers.slurm_job_id() == job_id
+    assert environment.slurm_job_id() == job_id
     assert SLURMEnvironment.detect() is (job_id is not None)
     if job_id is not None:
-        assert launchers.run_dir_name("runs") == f"slurm-{job_id}"
+        assert environment.run_dir_name("runs") == f"slurm-{job_id}"
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ from PIL import Image
 
 from src import exporters
 from src.inference import Source, expand_inputs, load_model
-from src.utils.checkpoints import load_checkpoint
+from src.run.checkpoints import load_checkpoint
 from tests.conftest import only_run_dir, run_cli
 
 
@@ -23,7 +23,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory, data_dir: Path) -> Path:
     result = run_cli(
         "train",
         "data=digits",
-        "model=mlp",
+        "model/net=mlp",
         "trainer.max_epochs=2",
         "run_name=mlp",
         log_dir=log_dir,

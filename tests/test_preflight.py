@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from src.utils import preflight
+from src.run import preflight
 from tests.conftest import run_cli
 
 

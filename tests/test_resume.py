@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from src.utils.checkpoints import AtomicCheckpointIO, load_checkpoint
+from src.run.checkpoints import AtomicCheckpointIO, load_checkpoint
 from tests.conftest import ROOT, cli_command, cli_env, run_cli, wandb_records
 
 # Digits + MLP, 2 epochs of 21 steps, every random choice seeded and deterministic.
-EXACT = ["data=digits", "model=mlp", "trainer.max_epochs=2", "trainer.deterministic=true"]
+EXACT = ["data=digits", "model/net=mlp", "trainer.max_epochs=2", "trainer.deterministic=true"]
 INTERRUPTIBLE = "+callbacks.interrupt._target_=tests.helpers.InterruptAtStep"
 WITH_TESTS = {"PYTHONPATH": str(ROOT)}  # so Hydra can load tests.helpers
 
@@ -103,7 +103,7 @@ def test_a_finished_run_is_not_reused_and_resume_never_starts_beside_it(tmp_path
 
 
 def test_a_run_is_not_continued_with_another_config_and_keeps_its_snapshot(tmp_path: Path, data_dir: Path):
-    common = ["debug=limit", "data=digits", "model=mlp", INTERRUPTIBLE, "run_name=tuned"]
+    common = ["debug=limit", "data=digits", "model/net=mlp", INTERRUPTIBLE, "run_name=tuned"]
     first = run_cli(
         "train", *common, log_dir=tmp_path, data_dir=data_dir, env=WITH_TESTS | {"INTERRUPT_AT_STEP": "3"}
     )
@@ -123,7 +123,7 @@ def test_a_run_is_not_continued_with_another_config_and_keeps_its_snapshot(tmp_p
 
 @pytest.mark.parametrize("value", ["sometimes", "yes"])
 def test_an_unknown_resume_mode_is_refused(compose_cfg, value):
-    from src.utils.resume import plan_resume
+    from src.run.resume import plan_resume
 
     with pytest.raises(ValueError, match=rf"resume={value} is not valid; choose auto .* or never"):
         plan_resume(compose_cfg("train", [f"resume={value}"]))
@@ -152,14 +152,14 @@ def test_short_epochs_skip_their_latest_state_save_but_never_the_last_one(
     import lightning as L
     from hydra.utils import instantiate
 
-    from src.callbacks.latest_checkpoint import LatestCheckpoint
+    from src.callbacks.last_checkpoint import LastCheckpoint
 
-    cfg = compose_cfg("train", ["data=digits", "model=mlp"])
+    cfg = compose_cfg("train", ["data=digits", "model/net=mlp"])
     saved = []
     monkeypatch.setattr(
         L.Trainer, "save_checkpoint", lambda trainer, *a, **k: saved.append(trainer.current_epoch)
     )
-    latest = LatestCheckpoint(cfg.paths.output_dir, min_seconds_between=min_seconds)
+    latest = LastCheckpoint(cfg.paths.output_dir, min_seconds_between=min_seconds)
     trainer = L.Trainer(
         max_epochs=3, limit_train_batches=2, limit_val_batches=1, callbacks=[latest], logger=False,
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
@@ -202,7 +202,7 @@ def test_a_checkpoint_with_a_pickle_payload_is_refused_and_never_runs(
     marker, checkpoint = tmp_path / "pwned", tmp_path / "model.ckpt"
     torch.save({"state_dict": {}, "extra": _Payload(marker)}, checkpoint)
     result = run_cli(
-        script, "data=digits", "model=mlp", f"ckpt_path={checkpoint}", log_dir=tmp_path, data_dir=data_dir
+        script, "data=digits", "model/net=mlp", f"ckpt_path={checkpoint}", log_dir=tmp_path, data_dir=data_dir
     )
     assert result.returncode != 0
     assert (
@@ -259,7 +259,7 @@ def test_a_run_killed_mid_epoch_resumes_to_the_same_weights_as_an_uninterrupted_
 def test_sigterm_saves_a_checkpoint_exits_143_and_the_run_resumes_from_it(tmp_path: Path, data_dir: Path):
     common = [
         "data=digits",
-        "model=mlp",
+        "model/net=mlp",
         "trainer.max_epochs=50",
         "callbacks.early_stopping=null",
         "run_name=preempted",
@@ -286,7 +286,7 @@ def test_sigterm_saves_a_checkpoint_exits_143_and_the_run_resumes_from_it(tmp_pa
 @pytest.mark.slow
 def test_a_kill_while_saving_leaves_a_loadable_last_checkpoint(tmp_path: Path, data_dir: Path):
     # A wide MLP, so that writing its checkpoint (weights + Adam state, ~200 MB) takes a moment to hit.
-    common = ["data=digits", "model=mlp", "model.net.hidden_sizes=[4096,2048]", "trainer.max_epochs=20"]
+    common = ["data=digits", "model/net=mlp", "model.net.hidden_sizes=[4096,2048]", "trainer.max_epochs=20"]
     common += [
         "callbacks.last_checkpoint.every_n_train_steps=3",
         "callbacks.early_stopping=null",

@@ -14,10 +14,10 @@ from omegaconf import OmegaConf
 from optuna.trial import TrialState
 
 from hydra_plugins.optuna_sweeper.optuna_sweeper import parse_search
-from src.utils.sweep_summary import write_summary
+from hydra_plugins.sweep_summary import write_summary
 from tests.conftest import ROOT, cli_command, cli_env, last_metrics, run_cli, wandb_run
 
-DIGITS_MLP = ["data=digits", "model=mlp", "trainer.max_epochs=1"]
+DIGITS_MLP = ["data=digits", "model/net=mlp", "trainer.max_epochs=1"]
 # A rigged pruner: any trial whose val/acc_best is below 0.5 after an epoch is hopeless.
 THRESHOLD_PRUNER = [
     "~hydra.sweeper.pruner",

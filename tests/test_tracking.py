@@ -15,9 +15,9 @@ import torch
 from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from src.builder import build
-from src.utils import preflight
-from src.utils.run_record import git_state
+from src.run import preflight
+from src.run.builder import build
+from src.run.record import git_state
 from tests.conftest import (
     ROOT,
     cli_command,
@@ -30,7 +30,7 @@ from tests.conftest import (
     wandb_run,
 )
 
-DIGITS_MLP = ["data=digits", "model=mlp", "trainer.max_epochs=2"]
+DIGITS_MLP = ["data=digits", "model/net=mlp", "trainer.max_epochs=2"]
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +52,7 @@ def test_wandb_gets_the_nested_resolved_config_and_a_recognisable_name(many_logg
     wandb = wandb_run(many_loggers_run)
     assert wandb["run"].display_name == (
         "callbacks.histograms.every_n_steps=10,callbacks.histograms.log=all,data=digits,"
-        "logger=many_loggers,model=mlp,trainer.max_epochs=2"
+        "logger=many_loggers,model/net=mlp,trainer.max_epochs=2"
     )  # the job's overrides, without where files go (paths.*)
     assert wandb["run"].job_type == "train" and wandb["run"].run_group == ""  # a single run has no group
     config = wandb["config"]
@@ -111,7 +111,7 @@ def test_the_run_record_says_what_ran_from_which_code_and_how_it_ended(many_logg
         assert (many_loggers_run / record["git"]["diff_file"]).read_text() == git["diff"]
     assert torch.__version__.startswith(record["versions"]["torch"])
     assert {"python", "lightning", "hydra-core", "cuda"} <= set(record["versions"])
-    assert "train.py" in record["command"] and "model=mlp" in record["overrides"]["task"]
+    assert "train.py" in record["command"] and "model/net=mlp" in record["overrides"]["task"]
     assert record["world_size"] == 1 and record["seed"] == 42 and record["host"]["hostname"]
     assert record["status"] == "completed" and record["error"] is None
     assert datetime.fromisoformat(record["start_time"]) <= datetime.fromisoformat(record["end_time"])
@@ -142,7 +142,7 @@ def test_wandb_offline_from_the_environment_alone_never_prompts(tmp_path: Path, 
         "train",
         "debug=limit",
         "data=digits",
-        "model=mlp",
+        "model/net=mlp",
         "logger=wandb",
         log_dir=tmp_path,
         data_dir=data_dir,
@@ -229,7 +229,7 @@ def test_mlflow_sweep_jobs_share_one_sqlite_file_with_their_params_metrics_and_p
 OPEN_AT_ONCE = """
 import sys, time
 from pathlib import Path
-from src.utils.loggers import MLFlowLogger
+from src.run.loggers import MLFlowLogger
 
 folder, number = Path(sys.argv[1]), sys.argv[2]
 (folder / f"ready-{number}").touch()

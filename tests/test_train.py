@@ -12,7 +12,7 @@ import torch
 
 from tests.conftest import ROOT, last_metrics, only_run_dir, run_cli
 
-DIGITS_MLP = ["data=digits", "model=mlp"]
+DIGITS_MLP = ["data=digits", "model/net=mlp"]
 
 
 def test_fast_dev_run_trains_validates_and_tests(tmp_path: Path, data_dir: Path):
@@ -105,14 +105,14 @@ def test_console_scripts_find_the_configs_from_any_directory(tmp_path: Path, tas
 
 
 def test_checkpoint_path_that_is_a_directory_is_refused(tmp_path: Path):
-    from src.utils.checkpoints import check_checkpoint
+    from src.run.checkpoints import check_checkpoint
 
     with pytest.raises(IsADirectoryError, match=rf"ckpt_path={tmp_path} is a directory"):
         check_checkpoint(str(tmp_path))
 
 
 def test_a_sharded_fsdp_checkpoint_directory_is_accepted(tmp_path: Path):
-    from src.utils.checkpoints import check_checkpoint
+    from src.run.checkpoints import check_checkpoint
 
     sharded = tmp_path / "last.ckpt"  # what trainer=fsdp with state_dict_type=sharded saves
     sharded.mkdir()

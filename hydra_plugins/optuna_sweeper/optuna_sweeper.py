@@ -31,7 +31,7 @@ from hydra.types import HydraContext, RunMode, TaskFunction
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from src.utils.sweep_summary import describe_error
+from hydra_plugins.sweep_summary import describe_error
 
 if TYPE_CHECKING:  # optuna is imported where it is used: every Hydra start imports this module
     import optuna

@@ -14,7 +14,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from src.utils.run_record import RECORD_FILE
+from src.run.record import RECORD_FILE
 
 log = logging.getLogger(__name__)
 

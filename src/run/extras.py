@@ -9,7 +9,7 @@ import rich.tree
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
-from src.utils import allocator
+from src.run import memory
 
 
 def apply_extras(cfg: DictConfig) -> None:
@@ -22,7 +22,7 @@ def apply_extras(cfg: DictConfig) -> None:
             "tags is empty; label the run, e.g. tags=[baseline], or set extras.enforce_tags=false"
         )
     if extras.get("keep_freed_memory"):
-        allocator.keep_freed_memory()
+        memory.keep_freed_memory()
     if extras.get("print_config"):
         print_config_tree(cfg, save_to=Path(cfg.paths.output_dir) / "config_tree.txt")
 

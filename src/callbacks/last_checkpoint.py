@@ -7,7 +7,7 @@ import lightning as L
 from lightning.pytorch.trainer.states import TrainerFn
 
 
-class LatestCheckpoint(L.Callback):
+class LastCheckpoint(L.Callback):
     """Keeps `<dirpath>/<filename>.ckpt` the latest full training state: at the end of every epoch (after its
     validation) and, if `every_n_train_steps` is set, every N optimizer steps.
 
@@ -54,7 +54,7 @@ class LatestCheckpoint(L.Callback):
             return
         if self._saved_step == trainer.global_step:
             return  # nothing new since the last save
-        trainer.save_checkpoint(self.path, weights_only=False)  # atomic: src/utils/checkpoints.py
+        trainer.save_checkpoint(self.path, weights_only=False)  # atomic: src/run/checkpoints.py
         self._saved_step, self._saved_at = trainer.global_step, time.monotonic()
 
 

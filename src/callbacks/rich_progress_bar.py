@@ -1,13 +1,14 @@
-"""Lightning's rich progress bar, drawing training batches at most `refresh_rate` times a second."""
+"""Lightning's rich progress bar, drawing training batches at most `refresh_rate` times a second
+(configs/callbacks/rich_progress_bar.yaml)."""
 
 import time
 from typing import Any
 
 import lightning as L
-from lightning.pytorch.callbacks import RichProgressBar
+from lightning.pytorch.callbacks import RichProgressBar as LightningRichProgressBar
 
 
-class ThrottledRichProgressBar(RichProgressBar):
+class RichProgressBar(LightningRichProgressBar):
     """Lightning's RichProgressBar (same arguments), but a training batch that ends less than 1/`refresh_rate`
     seconds after the last drawn one is not drawn.
 

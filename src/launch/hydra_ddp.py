@@ -134,7 +134,7 @@ def install(script: str) -> None:
             if not hasattr(module, name):
                 raise RuntimeError(
                     f"{module.__name__} has no {name}: this Lightning version changed its DDP launcher; "
-                    "update src/utils/hydra_ddp.py (tested with lightning 2.6)"
+                    "update src/launch/hydra_ddp.py (tested with lightning 2.6)"
                 )
         module._hydra_subprocess_cmd = functools.partial(worker_command, str(Path(script).resolve()))
         module._launch_process_observer = _launch_job_observer

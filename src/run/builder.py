@@ -23,9 +23,11 @@ from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
-from src.utils import hydra_ddp, preflight, run_record
-from src.utils.config import apply_extras
-from src.utils.resume import Resume
+from src.launch import hydra_ddp
+from src.run import preflight
+from src.run import record as run_record
+from src.run.extras import apply_extras
+from src.run.resume import Resume
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +120,7 @@ def build(
             if resume is not None:
                 record["resumed"] = resume.summary()
             log_hyperparameters(run, record)
-            # A later attempt of a named run logs to the same wandb run (src/utils/resume.py).
+            # A later attempt of a named run logs to the same wandb run (src/run/resume.py).
             record["wandb_id"] = next(
                 (lg.version for lg in trainer.loggers if isinstance(lg, WandbLogger)), None
             )

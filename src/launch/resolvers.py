@@ -8,7 +8,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from src.utils import launchers
+from src.launch import environment
 
 
 def project_root(*, _root_: DictConfig) -> str:
@@ -33,7 +33,7 @@ def project_root(*, _root_: DictConfig) -> str:
 
 def if_rank_zero(value: Any, otherwise: Any = None) -> Any:
     """`value` in global rank 0, `otherwise` in every other rank (rank from torchrun, SLURM or Lightning)."""
-    return value if launchers.is_global_rank_zero() else otherwise
+    return value if environment.is_global_rank_zero() else otherwise
 
 
 def sweep_group() -> str | None:
@@ -48,7 +48,7 @@ def sweep_group() -> str | None:
 
 
 def run_label() -> str | None:
-    """A recognisable run name: the job's overrides (`model=mlp,trainer.max_epochs=3`), or the run dir's name
+    """A recognisable run name: the job's overrides (`model/net=mlp,trainer.max_epochs=3`), or the run dir's name
     when there are none. Keys in hydra.job.config.override_dirname.exclude_keys (paths, extras) are left out."""
     if not HydraConfig.initialized():
         return None
@@ -65,13 +65,13 @@ def snapshot_subdir(run_dir: str) -> str:
     of a named run `.hydra/attempts/<time>`, so that the first snapshot is never overwritten."""
     if not (Path(run_dir) / ".hydra" / "config.yaml").exists():
         return ".hydra"
-    return f".hydra/attempts/{datetime.now().strftime(launchers.STAMP_FORMAT)}"
+    return f".hydra/attempts/{datetime.now().strftime(environment.STAMP_FORMAT)}"
 
 
 def register_resolvers() -> None:
     OmegaConf.register_new_resolver("project_root", project_root, replace=True)
     # Cached like Hydra's ${now:}: one value per process, however often the run dir is resolved.
-    OmegaConf.register_new_resolver("run_dir_name", launchers.run_dir_name, use_cache=True, replace=True)
+    OmegaConf.register_new_resolver("run_dir_name", environment.run_dir_name, use_cache=True, replace=True)
     OmegaConf.register_new_resolver("if_rank_zero", if_rank_zero, replace=True)
     OmegaConf.register_new_resolver("sweep_group", sweep_group, replace=True)
     OmegaConf.register_new_resolver("run_label", run_label, replace=True)

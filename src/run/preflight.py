@@ -21,7 +21,7 @@ from lightning.fabric.plugins.precision.precision import (
 )
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from src.utils import launchers
+from src.launch import environment
 
 PRECISIONS = get_args(_PRECISION_INPUT_STR)  # "32-true", "16-mixed", "bf16-mixed", "bf16-true", ...
 
@@ -157,9 +157,9 @@ def check_launch() -> None:
     if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
         return
     hydra_cfg = HydraConfig.get()
-    processes = launchers.torchrun_world_size()
+    processes = environment.torchrun_world_size()
     if not processes and hydra_cfg.launcher._target_.endswith("BasicLauncher"):
-        processes = int(os.environ.get("SLURM_NTASKS", 0)) if launchers.slurm_job_id() else 0
+        processes = int(os.environ.get("SLURM_NTASKS", 0)) if environment.slurm_job_id() else 0
     if processes > 1:
         raise RuntimeError(
             f"this sweep (-m) was started by torchrun or srun as {processes} processes, and each would run "
