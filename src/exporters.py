@@ -12,6 +12,7 @@ dynamic fails too.
 
 import importlib.util
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,8 @@ from hydra.utils import instantiate
 from torch import nn
 
 ONNX_PACKAGES = ("onnx", "onnxruntime", "onnxscript")  # torch.onnx.export needs onnxscript since torch 2.9
+
+Runnable = Callable[[torch.Tensor], torch.Tensor]  # a batch of images in, logits out
 
 
 def require(packages: tuple[str, ...], what: str) -> None:
@@ -35,7 +38,6 @@ def _batch_dim() -> dict[int, Any]:
 
 
 def save_onnx(model: nn.Module, example: torch.Tensor, path: Path) -> None:
-    require(ONNX_PACKAGES, "format=onnx")
     torch.onnx.export(
         model,
         (example,),
@@ -50,7 +52,7 @@ def save_onnx(model: nn.Module, example: torch.Tensor, path: Path) -> None:
     )
 
 
-def run_onnx(path: Path) -> Callable[[torch.Tensor], torch.Tensor]:
+def load_onnx(path: Path, net_config: dict[str, Any]) -> Runnable:
     import onnxruntime
 
     session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
@@ -62,7 +64,7 @@ def save_torch_export(model: nn.Module, example: torch.Tensor, path: Path) -> No
     torch.export.save(program, str(path))
 
 
-def run_torch_export(path: Path) -> Callable[[torch.Tensor], torch.Tensor]:
+def load_torch_export(path: Path, net_config: dict[str, Any]) -> Runnable:
     return torch.export.load(str(path)).module()
 
 
@@ -70,30 +72,32 @@ def save_state_dict(model: nn.Module, example: torch.Tensor, path: Path) -> None
     torch.save(model.net.state_dict(), path)
 
 
-def run_state_dict(path: Path, net_config: dict[str, Any]) -> Callable[[torch.Tensor], torch.Tensor]:
-    net = instantiate(net_config)
+def load_state_dict(path: Path, net_config: dict[str, Any]) -> Runnable:
+    net = instantiate(net_config)  # the bare weights need the net's config to become a net again
     net.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
     return net.eval()
 
 
-FORMATS = {  # name: (file suffix, writer)
-    "onnx": (".onnx", save_onnx),
-    "torch_export": (".pt2", save_torch_export),
-    "state_dict": (".pt", save_state_dict),
+@dataclass(frozen=True)
+class Format:
+    """How an export format is written, and how the written artifact is loaded back for the parity check."""
+
+    suffix: str  # of the artifact's file name
+    save: Callable[[nn.Module, torch.Tensor, Path], None]  # (model, example batch, path)
+    load: Callable[[Path, dict[str, Any]], Runnable]  # (path, the net's config) -> images to logits
+    packages: tuple[str, ...] = ()  # what it needs besides torch, checked before anything is written
+
+
+FORMATS = {
+    "onnx": Format(".onnx", save_onnx, load_onnx, ONNX_PACKAGES),
+    "torch_export": Format(".pt2", save_torch_export, load_torch_export),
+    "state_dict": Format(".pt", save_state_dict, load_state_dict),
 }
 
 
-def loader_for(fmt: str, path: Path, net_config: dict[str, Any]) -> Callable[[torch.Tensor], torch.Tensor]:
-    if fmt == "onnx":
-        return run_onnx(path)
-    if fmt == "torch_export":
-        return run_torch_export(path)
-    return run_state_dict(path, net_config)
-
-
 def check_parity(
-    reference: Callable[[torch.Tensor], torch.Tensor],
-    candidate: Callable[[torch.Tensor], torch.Tensor],
+    reference: Runnable,
+    candidate: Runnable,
     images: torch.Tensor,
     tolerance: float,
     what: str,

@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 from hydra.utils import get_class, instantiate
-from lightning import LightningModule
-from omegaconf import DictConfig
+from lightning import LightningDataModule, LightningModule
+from omegaconf import DictConfig, OmegaConf, open_dict
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
@@ -59,6 +59,34 @@ def locate(cfg: DictConfig) -> Source:
     record = run_dir / RECORD_FILE
     run_config = json.loads(record.read_text()).get("config") if record.is_file() else None
     return Source(checkpoint=checkpoint, run_config=run_config)
+
+
+def group_config(cfg: DictConfig, source: Source, group: str) -> DictConfig | None:
+    """The config of `group` (data, model) for this run: an option chosen on the command line (`data=digits`,
+    with its own _target_), else the training run's, with any single keys given here on top of it
+    (`+data.batch_size=256`, or those a debug preset sets); None when neither says."""
+    given = cfg.get(group)
+    if given is not None and "_target_" in given:
+        return given
+    trained = (source.run_config or {}).get(group)
+    return OmegaConf.merge(trained, given or {}) if trained else None
+
+
+def with_run_config(cfg: DictConfig, source: Source, groups: tuple[str, ...]) -> DictConfig:
+    """`cfg` with the configs of `groups` as `group_config` finds them, so that a run is evaluated as it was
+    trained; an error naming what to choose when the checkpoint's run does not say."""
+    configs = {group: group_config(cfg, source, group) for group in groups}
+    unknown = [group for group, config in configs.items() if config is None]
+    if unknown:
+        raise ValueError(
+            f"{source.checkpoint} is not inside a run dir whose run.json names its {' and '.join(unknown)}; "
+            f"choose {' and '.join(f'{group}=<option>' for group in unknown)} (with the same model/net=, "
+            "experiment= ... as its training run), or give run_dir=logs/train/runs/<run>"
+        )
+    with open_dict(cfg):
+        for group, config in configs.items():
+            cfg[group] = config
+    return cfg
 
 
 def load_model(source: Source, module: str | None = None) -> LightningModule:
@@ -137,21 +165,47 @@ def file_loader(files: list[Path], preprocessing: dict[str, Any], batch_size: in
     )
 
 
-def data_config(cfg: DictConfig, source: Source) -> Any:
-    """The data to use when no image files are given: `data=` if set, else the training run's."""
-    if cfg.get("data") is not None:
-        return cfg.data
-    if source.run_config is not None and source.run_config.get("data"):
-        return source.run_config["data"]
-    return None
+@dataclass
+class Inputs:
+    """What predict runs the model on, and what export checks its artifact with: image files (`inputs=`),
+    else the test split of a datamodule (`data=`, else the training run's data)."""
+
+    loader: DataLoader
+    files: list[Path] | None = None  # the image files, in the loader's order
+    datamodule: LightningDataModule | None = None  # the test split's, when no files were given
+
+    def labels(self) -> list[int] | None:
+        """The test split's labels, in the loader's order; None for image files."""
+        if self.datamodule is None:
+            return None
+        return [int(label) for _, label, *_ in self.datamodule.data_test]
+
+    def first(self, count: int) -> torch.Tensor:
+        """The first `count` images (fewer if there are fewer), as one batch."""
+        images: list[torch.Tensor] = []
+        for batch in self.loader:
+            images.append(batch[0] if isinstance(batch, list | tuple) else batch)
+            if sum(len(chunk) for chunk in images) >= count:
+                break
+        return torch.cat(images)[:count]
 
 
-def test_split(config: Any) -> Any:
-    """The datamodule of `config`, set up, for its test split."""
+def inputs(cfg: DictConfig, source: Source, model: LightningModule, batch_size: int) -> Inputs:
+    """The images of `cfg.inputs` (files, folders, globs), else the test split of `cfg.data` or, when that is
+    null, of the data the checkpoint's run trained on."""
+    if cfg.get("inputs") is not None:
+        files = expand_inputs(cfg.inputs)
+        return Inputs(loader=file_loader(files, model.hparams.preprocessing, batch_size), files=files)
+    config = group_config(cfg, source, "data")
+    if config is None:
+        raise ValueError(
+            f"{cfg.task_name} needs images: give inputs=<image files, a folder or a glob>, or data=<option> "
+            f"({source.checkpoint} is not inside a run dir whose config names its data)"
+        )
     datamodule = instantiate(config, _convert_="all")
     datamodule.prepare_data()
     datamodule.setup("test")
-    return datamodule
+    return Inputs(loader=datamodule.predict_dataloader(), datamodule=datamodule)
 
 
 def predictions(probabilities: torch.Tensor, names: list[str], top_k: int) -> list[dict[str, Any]]:

@@ -10,7 +10,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from lightning.fabric.utilities.rank_zero import rank_zero_only
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from src import exporters, inference
 from src.run.builder import build
@@ -45,14 +45,16 @@ def train(cfg: DictConfig) -> dict[str, float]:
 
 
 def evaluate(cfg: DictConfig) -> dict[str, float]:
-    """Test the checkpoint `cfg.ckpt_path` on the test set of `cfg.data`; return the test metrics."""
-    if OmegaConf.is_missing(cfg, "ckpt_path"):
-        raise ValueError("eval needs a checkpoint: ckpt_path=logs/train/runs/<run>/checkpoints/best.ckpt")
-    ckpt_path = check_checkpoint(cfg.ckpt_path)
+    """Test a checkpoint (`ckpt_path`, or the best one of `run_dir`) on the test split of its run's data, with
+    its run's model config; `data=` and `model=` on the command line choose others."""
+    source = inference.locate(cfg)
+    cfg = inference.with_run_config(cfg, source, ("data", "model"))
     with build(cfg) as run:
-        check_fits(run.model, ckpt_path)
-        log.info(f"Testing {ckpt_path}")
-        run.trainer.test(run.model, datamodule=run.datamodule, ckpt_path=str(ckpt_path), weights_only=True)
+        check_fits(run.model, source.checkpoint)
+        log.info(f"Testing {source.checkpoint}")
+        run.trainer.test(
+            run.model, datamodule=run.datamodule, ckpt_path=str(source.checkpoint), weights_only=True
+        )
         run.metrics = _as_floats(run.trainer.callback_metrics)
     _report(run.metrics)
     return run.metrics
@@ -66,26 +68,14 @@ def predict(cfg: DictConfig) -> list[dict[str, Any]]:
     if cfg.get("compile"):
         model.net.compile()
     names = inference.class_names(model)
-    files, labels, datamodule = None, None, None
-    if cfg.get("inputs") is not None:
-        files = inference.expand_inputs(cfg.inputs)
-        loader = inference.file_loader(files, model.hparams.preprocessing, cfg.batch_size)
-    else:
-        config = inference.data_config(cfg, source)
-        if config is None:
-            raise ValueError(
-                f"nothing to predict on: give inputs=<image files, a folder or a glob>, or data=<option> "
-                f"({source.checkpoint} is not inside a run dir whose config names its data)"
-            )
-        datamodule = inference.test_split(config)
-        loader = datamodule.predict_dataloader()
-        labels = [int(label) for _, label, *_ in datamodule.data_test]
-    log.info(f"Predicting {len(loader.dataset)} images with {source.checkpoint}")
-    with build(cfg, model=model, datamodule=datamodule) as run:
-        batches = run.trainer.predict(model, dataloaders=loader)
+    images = inference.inputs(cfg, source, model, cfg.batch_size)
+    labels = images.labels()
+    log.info(f"Predicting {len(images.loader.dataset)} images with {source.checkpoint}")
+    with build(cfg, model=model, datamodule=images.datamodule) as run:
+        batches = run.trainer.predict(model, dataloaders=images.loader)
         rows = inference.predictions(torch.cat(batches), names, cfg.top_k)
         for i, row in enumerate(rows):
-            row |= {"index": i, "file": str(files[i]) if files else None}
+            row |= {"index": i, "file": str(images.files[i]) if images.files else None}
             if labels is not None:
                 row |= {"label": labels[i], "label_name": names[labels[i]]}
         inference.write_predictions(rows, Path(cfg.paths.output_dir))
@@ -98,56 +88,37 @@ def predict(cfg: DictConfig) -> list[dict[str, Any]]:
 def export(cfg: DictConfig) -> Path:
     """Write the checkpoint's net as `cfg.format`, check the artifact against the model on real images,
     and write beside it what preprocessing its inputs need."""
-    fmt = cfg.get("format")
-    if fmt not in exporters.FORMATS:
+    name = cfg.get("format")
+    if name not in exporters.FORMATS:
         raise ValueError(
-            f"format={fmt} is not an export format; choose one of {', '.join(exporters.FORMATS)}"
+            f"format={name} is not an export format; choose one of {', '.join(exporters.FORMATS)}"
         )
+    fmt = exporters.FORMATS[name]
     source = inference.locate(cfg)
     model = inference.load_model(source, cfg.get("module"))
-    suffix, write = exporters.FORMATS[fmt]
-    artifact = Path(cfg.output) if cfg.get("output") else source.checkpoint.with_suffix(suffix)
+    artifact = Path(cfg.output) if cfg.get("output") else source.checkpoint.with_suffix(fmt.suffix)
     if artifact.exists() and not cfg.get("overwrite"):
         raise FileExistsError(
             f"{artifact} exists; give output=<another path>, or overwrite=true to replace it"
         )
-    if fmt == "onnx":
-        exporters.require(exporters.ONNX_PACKAGES, "format=onnx")  # before anything is written
-    images = _real_images(cfg, source, model)
-    with build(cfg, model=model) as run:
+    exporters.require(fmt.packages, f"format={name}")  # before anything is written
+    images = inference.inputs(cfg, source, model, cfg.parity_samples).first(cfg.parity_samples)
+    if len(images) < 2:
+        raise ValueError(
+            f"the parity check needs at least 2 images (parity_samples={cfg.parity_samples}), found {len(images)}"
+        )
+    with build(cfg, model=model, trainer=False) as run:
         artifact.parent.mkdir(parents=True, exist_ok=True)
-        log.info(f"Exporting {source.checkpoint} as {fmt} to {artifact}")
-        write(model, images, artifact)
-        candidate = exporters.loader_for(fmt, artifact, model.hparams.net)
-        worst = exporters.check_parity(model, candidate, images, cfg.tolerance, f"{fmt} export {artifact}")
+        log.info(f"Exporting {source.checkpoint} as {name} to {artifact}")
+        fmt.save(model, images, artifact)
+        candidate = fmt.load(artifact, model.hparams.net)
+        worst = exporters.check_parity(model, candidate, images, cfg.tolerance, f"{name} export {artifact}")
         log.info(
             f"Parity check passed: outputs differ from the model's by at most {worst:.3g} (tolerance {cfg.tolerance:g})"
         )
-        inference.write_sidecar(artifact, model, fmt, worst, cfg.tolerance, source.checkpoint)
+        inference.write_sidecar(artifact, model, name, worst, cfg.tolerance, source.checkpoint)
         run.metrics = {"export/max_abs_diff": worst}
     return artifact
-
-
-def _real_images(cfg: DictConfig, source: inference.Source, model: Any) -> torch.Tensor:
-    """A batch of real, preprocessed images for the parity check: from `inputs`, else the data's test split."""
-    count = cfg.parity_samples
-    if cfg.get("inputs") is not None:
-        files = inference.expand_inputs(cfg.inputs)[:count]
-        images = next(iter(inference.file_loader(files, model.hparams.preprocessing, count)))[0]
-    else:
-        config = inference.data_config(cfg, source)
-        if config is None:
-            raise ValueError(
-                "the parity check needs real images: give inputs=<image files>, or data=<option>, or a "
-                f"ckpt_path inside a run dir ({source.checkpoint} is not)"
-            )
-        dataset = inference.test_split(config).data_test
-        images = torch.stack([dataset[i][0] for i in range(min(count, len(dataset)))])
-    if len(images) < 2:
-        raise ValueError(
-            f"the parity check needs at least 2 images (parity_samples={count}), found {len(images)}"
-        )
-    return images
 
 
 def optimized_metric(cfg: DictConfig, metrics: dict[str, float]) -> float | None:

@@ -72,7 +72,7 @@ def test_a_checkpoint_of_another_model_lists_every_tensor_that_differs(compose_c
     message = str(refused.value)
     assert f"ckpt_path={checkpoint} does not fit this model (" in message
     assert "net.layers.1.weight: checkpoint [64, 64], model [128, 64]" in message
-    assert "was it trained with another model=, model/net= or data=" in message
+    assert "was it trained with another model=, model/net=, data= or mode=" in message
     cnn = instantiate(compose_cfg("train", ["data=digits", "model=classifier"]).model)
     with pytest.raises(
         ValueError,

@@ -27,9 +27,10 @@ def test_train_config_has_the_documented_keys(compose_cfg):
     OmegaConf.resolve(cfg)  # every interpolation resolves
 
 
-def test_eval_config_requires_ckpt_path(compose_cfg):
+def test_eval_config_takes_data_and_model_from_the_run_it_tests(compose_cfg):
     cfg = compose_cfg("eval")
-    assert OmegaConf.is_missing(cfg, "ckpt_path")
+    assert cfg.ckpt_path is None and cfg.run_dir is None  # one of them is given (src/eval.py says so)
+    assert "data" not in cfg and "model" not in cfg  # the run's own, unless chosen on the command line
 
 
 @pytest.mark.parametrize("option", options("data"))

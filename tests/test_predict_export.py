@@ -13,7 +13,7 @@ from PIL import Image
 from src import exporters
 from src.inference import Source, expand_inputs, load_model
 from src.run.checkpoints import load_checkpoint
-from tests.conftest import only_run_dir, run_cli
+from tests.conftest import last_metrics, only_run_dir, run_cli
 
 
 @pytest.fixture(scope="module")
@@ -87,6 +87,41 @@ def test_predictions_on_image_files_need_only_the_checkpoint(
     assert correct >= 4  # resized from 24x24 back to 8x8 as in training: mostly right
 
 
+def test_eval_by_run_dir_tests_the_run_with_its_own_data_and_model(
+    trained: Path, tmp_path: Path, data_dir: Path
+):
+    """`python src/eval.py run_dir=<run>`: a run trained with data=digits model/net=mlp needs neither again."""
+    result = run_cli("eval", f"run_dir={trained}", log_dir=tmp_path, data_dir=data_dir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    evaluated = json.loads((only_run_dir(tmp_path, "eval") / "run.json").read_text())
+    tested = json.loads((trained / "run.json").read_text())["final_metrics"]["test/acc"]
+    assert evaluated["final_metrics"]["test/acc"] == pytest.approx(tested)
+    assert evaluated["config"]["data"]["_target_"] == "src.data.digits_datamodule.DigitsDataModule"
+    assert evaluated["config"]["model"]["net"]["_target_"] == "src.models.components.mlp.MLP"
+
+
+def test_eval_of_a_checkpoint_outside_a_run_dir_names_the_options_to_choose(
+    trained: Path, tmp_path: Path, data_dir: Path
+):
+    checkpoint = tmp_path / "elsewhere" / "model.ckpt"
+    checkpoint.parent.mkdir()
+    checkpoint.write_bytes((trained / "checkpoints" / "best.ckpt").read_bytes())
+    alone = run_cli("eval", f"ckpt_path={checkpoint}", log_dir=tmp_path / "alone", data_dir=data_dir)
+    assert alone.returncode != 0
+    assert (
+        f"{checkpoint} is not inside a run dir whose run.json names its data and model; choose data=<option> "
+        "and model=<option>"
+    ) in alone.stderr
+    assert not (tmp_path / "alone" / "eval" / "runs").exists() or not any(
+        (tmp_path / "alone" / "eval" / "runs").glob("*/run.json")
+    )  # refused before anything ran
+    chosen = ["data=digits", "model=classifier", "model/net=mlp", f"ckpt_path={checkpoint}"]
+    result = run_cli("eval", *chosen, log_dir=tmp_path, data_dir=data_dir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    tested = json.loads((trained / "run.json").read_text())["final_metrics"]["test/acc"]
+    assert last_metrics(only_run_dir(tmp_path, "eval"))["test/acc"] == pytest.approx(tested)
+
+
 @pytest.mark.parametrize("fmt", ["onnx", "torch_export", "state_dict"])
 def test_each_export_format_passes_its_parity_check(trained: Path, tmp_path: Path, data_dir: Path, fmt: str):
     artifact = tmp_path / f"model.{fmt}"
@@ -107,7 +142,7 @@ def test_each_export_format_passes_its_parity_check(trained: Path, tmp_path: Pat
     # Run the artifact on its own, on a batch size it was not exported with.
     model = load_model(Source(trained / "checkpoints" / "best.ckpt", None))
     images = torch.randn(5, 1, 8, 8)
-    run = exporters.loader_for(fmt, artifact, sidecar["net"])
+    run = exporters.FORMATS[fmt].load(artifact, sidecar["net"])
     with torch.no_grad():
         assert torch.allclose(run(images), model(images), atol=1e-5)
 
@@ -183,7 +218,7 @@ def test_an_export_never_overwrites_unless_asked(trained: Path, tmp_path: Path, 
         (
             "predict",  # a checkpoint outside any run dir knows no data to predict on
             ["ckpt_path=TMP/loose.ckpt"],
-            "nothing to predict on: give inputs=<image files, a folder or a glob>, or data=<option>",
+            "predict needs images: give inputs=<image files, a folder or a glob>, or data=<option>",
         ),
         (
             "export",

@@ -107,7 +107,7 @@ def test_summary_orders_by_the_direction_and_lists_only_what_varies(tmp_path: Pa
         (tmp_path / str(job)).mkdir()
         result = {"job": job, "status": status, "metric": "val/loss", "value": value, "overrides": overrides}
         (tmp_path / str(job) / "result.json").write_text(json.dumps(result | {"error": error}))
-    rows = write_summary(tmp_path, direction="minimize")
+    rows = write_summary(tmp_path, mode="min")
     assert [row["job"] for row in rows] == [2, 0, 3, 1]  # lowest loss first, then pruned, then failed
     assert list(rows[0]) == ["job", "status", "val/loss", "a", "error"]  # seed=1 is the same everywhere
     assert read_summary(tmp_path)[3]["error"] == "ValueError: bad"
@@ -371,9 +371,7 @@ def test_a_study_is_not_continued_with_another_search_or_direction(tmp_path: Pat
     assert "was started with another setup (model.net.dropout: no longer searched)" in fixed.stderr
     assert "hydra.sweeper.study_name=<new name>" in fixed.stderr
 
-    flipped = optuna_sweep(
-        "hydra.sweeper.n_trials=2", "hydra.sweeper.direction=minimize", log_dir=tmp_path, data_dir=data_dir
-    )
+    flipped = optuna_sweep("hydra.sweeper.n_trials=2", "mode=min", log_dir=tmp_path, data_dir=data_dir)
     assert flipped.returncode != 0
     assert "direction: maximize -> minimize" in flipped.stderr
     assert len(load_study(tmp_path).trials) == 1  # nothing ran
@@ -392,10 +390,7 @@ def test_a_new_study_does_not_overwrite_the_runs_of_an_earlier_one(tmp_path: Pat
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        (
-            "hydra.sweeper.direction=up",
-            "hydra.sweeper.direction=up is not valid; choose maximize or minimize",
-        ),
+        ("mode=up", "mode=up is not valid; choose max or min"),
         ("hydra.sweeper.n_trials=0", "hydra.sweeper.n_trials=0 and n_jobs=1 must both be at least 1"),
         ("hydra.sweeper.max_failure_rate=2", "hydra.sweeper.max_failure_rate=2 must be between 0 and 1"),
     ],

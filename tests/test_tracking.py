@@ -35,11 +35,12 @@ DIGITS_MLP = ["data=digits", "model/net=mlp", "trainer.max_epochs=2"]
 
 @pytest.fixture(scope="module")
 def many_loggers_run(tmp_path_factory: pytest.TempPathFactory, data_dir: Path) -> Path:
-    """One real training run with CSV, TensorBoard and wandb (offline) at once, histograms on."""
+    """One real training run with CSV, TensorBoard and wandb (offline) at once, the pictures and histograms on."""
     log_dir = tmp_path_factory.mktemp("logs")
     overrides = [
         *DIGITS_MLP,
         "logger=many_loggers",
+        "callbacks=[default,prediction_pictures,histograms]",
         "callbacks.histograms.log=all",
         "callbacks.histograms.every_n_steps=10",
     ]
@@ -51,8 +52,9 @@ def many_loggers_run(tmp_path_factory: pytest.TempPathFactory, data_dir: Path) -
 def test_wandb_gets_the_nested_resolved_config_and_a_recognisable_name(many_loggers_run: Path):
     wandb = wandb_run(many_loggers_run)
     assert wandb["run"].display_name == (
-        "callbacks.histograms.every_n_steps=10,callbacks.histograms.log=all,data=digits,"
-        "logger=many_loggers,model/net=mlp,trainer.max_epochs=2"
+        "callbacks.histograms.every_n_steps=10,callbacks.histograms.log=all,"
+        "callbacks=[default,prediction_pictures,histograms],data=digits,logger=many_loggers,model/net=mlp,"
+        "trainer.max_epochs=2"
     )  # the job's overrides, without where files go (paths.*)
     assert wandb["run"].job_type == "train" and wandb["run"].run_group == ""  # a single run has no group
     config = wandb["config"]
@@ -183,9 +185,12 @@ def test_ddp_creates_one_wandb_run_from_rank_zero_with_its_checkpoints(tmp_path:
 
 
 def test_debug_presets_draw_no_pictures(compose_cfg):
+    pictures = "callbacks=[default,prediction_pictures]"
     for preset in ("fdr", "limit", "overfit", "profiler", "default"):
-        assert compose_cfg("train", [f"debug={preset}"]).callbacks.get("prediction_pictures") is None
-    assert compose_cfg("train").callbacks.prediction_pictures is not None
+        assert (
+            compose_cfg("train", [pictures, f"debug={preset}"]).callbacks.get("prediction_pictures") is None
+        )
+    assert compose_cfg("train", [pictures]).callbacks.prediction_pictures is not None
 
 
 def mlflow_runs(log_dir: Path, experiment: str) -> tuple[Any, list]:
@@ -201,7 +206,8 @@ def test_mlflow_sweep_jobs_share_one_sqlite_file_with_their_params_metrics_and_p
 ):
     # Started from another folder: nothing may land in the working directory (MLflow's default ./mlruns).
     log_dir = tmp_path / "logs"
-    overrides = ["-m", *DIGITS_MLP, "model.optimizer.lr=0.001,0.01", "logger=[csv,mlflow]"]
+    pictures = "callbacks=[default,prediction_pictures]"
+    overrides = ["-m", *DIGITS_MLP, "model.optimizer.lr=0.001,0.01", "logger=[csv,mlflow]", pictures]
     result = run_cli("train", *overrides, log_dir=log_dir, data_dir=data_dir, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["logs"]

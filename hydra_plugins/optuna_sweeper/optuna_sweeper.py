@@ -39,7 +39,8 @@ if TYPE_CHECKING:  # optuna is imported where it is used: every Hydra start impo
 
 log = logging.getLogger(__name__)
 
-DIRECTIONS = ("maximize", "minimize")
+# The run's `mode` (configs/train.yaml) in Optuna's words.
+DIRECTIONS = {"max": "maximize", "min": "minimize"}
 
 
 class SearchSpace:
@@ -127,7 +128,7 @@ class OptunaSweeper(Sweeper):
         self,
         study_name: str,
         storage: str,
-        direction: str,
+        mode: str,
         n_trials: int,
         n_jobs: int,
         max_failure_rate: float,
@@ -135,9 +136,10 @@ class OptunaSweeper(Sweeper):
         pruner: DictConfig | None,
         params: DictConfig | None,
     ) -> None:
-        """The keys of configs/hydra/sweeper/optuna.yaml (`_recursive_: false`: sampler and pruner stay configs)."""
-        if direction not in DIRECTIONS:
-            raise ValueError(f"hydra.sweeper.direction={direction} is not valid; choose maximize or minimize")
+        """The keys of configs/hydra/sweeper/optuna.yaml (`_recursive_: false`: sampler and pruner stay configs).
+
+        `mode` is checked when the sweep starts, where the error can name the key it came from.
+        """
         if n_trials < 1 or n_jobs < 1:
             raise ValueError(f"hydra.sweeper.n_trials={n_trials} and n_jobs={n_jobs} must both be at least 1")
         if not 0.0 <= max_failure_rate <= 1.0:
@@ -149,7 +151,7 @@ class OptunaSweeper(Sweeper):
             )
         self.study_name = study_name
         self.storage = storage
-        self.direction = direction
+        self.mode = mode
         self.n_trials = n_trials
         self.n_jobs = n_jobs
         self.max_failure_rate = max_failure_rate
@@ -170,6 +172,10 @@ class OptunaSweeper(Sweeper):
     def sweep(self, arguments: list[str]) -> None:
         from optuna.trial import TrialState
 
+        if self.mode not in DIRECTIONS:
+            # hydra.sweeper.mode follows the run's top-level `mode`: name that key, unless it was set apart.
+            key = "mode" if self.config.get("mode") == self.mode else "hydra.sweeper.mode"
+            raise ValueError(f"{key}={self.mode} is not valid; choose max or min")
         space, fixed = parse_search(self.params, arguments)
         sweep_dir = Path(self.config.hydra.sweep.dir)
         study = self._load_study(space, fixed, sweep_dir)
@@ -227,7 +233,7 @@ class OptunaSweeper(Sweeper):
             storage=storage,
             sampler=_sampler(self.sampler, trials_so_far=len(previous.trials) if previous else 0),
             pruner=instantiate(self.pruner) if self.pruner else optuna.pruners.NopPruner(),
-            direction=self.direction,
+            direction=DIRECTIONS[self.mode],
             load_if_exists=True,
         )
         if previous is None:
@@ -239,7 +245,7 @@ class OptunaSweeper(Sweeper):
 
     def _check_continuation(self, previous: optuna.Study, space: SearchSpace, fixed: list[str]) -> None:
         """Refuse to continue a study with another direction or search space; warn about other overrides."""
-        direction = previous.direction.name.lower()
+        direction = previous.direction.name.lower()  # maximize or minimize
         searched_before: dict[str, str] = previous.user_attrs.get("search_space", {})
         changed = [
             f"{key}: {searched_before.get(key, 'not searched')} -> {now}"
@@ -247,8 +253,8 @@ class OptunaSweeper(Sweeper):
             if searched_before.get(key) != now
         ]
         changed += [f"{key}: no longer searched" for key in searched_before if key not in space.distributions]
-        if direction != self.direction:
-            changed.insert(0, f"direction: {direction} -> {self.direction}")
+        if direction != DIRECTIONS[self.mode]:
+            changed.insert(0, f"direction: {direction} -> {DIRECTIONS[self.mode]} (mode={self.mode})")
         if changed:
             raise ValueError(
                 f"study {self.study_name} in {self.storage} was started with another setup "

@@ -2,9 +2,10 @@
 
 Every job of a sweep writes `<job dir>/result.json` (its overrides, status, the value of `optimized_metric`
 and the error of a failed job); the sweep dir's `summary.csv` is rebuilt from those files after every job
-and once more at the end, best job first. It works the same for grid sweeps, Optuna studies (whose
-continued launches add to the same sweep dir) and any launcher, local or on a cluster, because each job
-writes only its own file. Kept free of heavy imports: Hydra instantiates it on every start.
+and once more at the end, best job first (by the run's `mode`: max or min). It works the same for grid
+sweeps, Optuna studies (whose continued launches add to the same sweep dir) and any launcher, local or on a
+cluster, because each job writes only its own file. Kept free of heavy imports: Hydra instantiates it on
+every start.
 """
 
 import csv
@@ -26,18 +27,16 @@ log = logging.getLogger(__name__)
 
 RESULT_FILE = "result.json"
 SUMMARY_FILE = "summary.csv"
-DIRECTIONS = ("maximize", "minimize")
+MODES = ("max", "min")
 
 
 class SweepSummary(Callback):
     """Writes each job's result.json and the sweep's summary.csv (configured in configs/hydra/default.yaml)."""
 
-    def __init__(self, direction: str = "maximize") -> None:
-        if direction not in DIRECTIONS:
-            raise ValueError(
-                f"hydra.callbacks.sweep_summary.direction={direction} is not valid; choose maximize or minimize"
-            )
-        self.direction = direction
+    def __init__(self, mode: str = "max") -> None:
+        # Not checked here: Hydra builds this callback for every run, before the task's preflight refuses a
+        # bad top-level `mode` in one clear line (src/run/preflight.py); write_summary checks what it ranks by.
+        self.mode = mode
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
         if config.hydra.mode != RunMode.MULTIRUN:
@@ -51,17 +50,18 @@ class SweepSummary(Callback):
         elif result["status"] == "pruned":
             log.info(result["error"])
         _write_atomically(job_dir / RESULT_FILE, json.dumps(result, indent=2) + "\n")
-        write_summary(job_dir.parent, self._direction(config))
+        write_summary(job_dir.parent, self._mode(config))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
-        rows = write_summary(sweep_dir, self._direction(config))
+        rows = write_summary(sweep_dir, self._mode(config))
         if rows:
             log.info(f"Sweep summary ({sweep_dir / SUMMARY_FILE}):\n{format_table(rows)}")
 
-    def _direction(self, config: DictConfig) -> str:
-        """The sweeper's direction when it has one (an Optuna study), else this callback's."""
-        return config.hydra.sweeper.get("direction", self.direction)
+    def _mode(self, config: DictConfig) -> str:
+        """The sweeper's mode when it has one (an Optuna study, so the summary ranks as the study does), else
+        this callback's; both follow the run's `mode` unless set apart."""
+        return config.hydra.sweeper.get("mode", self.mode)
 
 
 def job_result(config: DictConfig, job_return: JobReturn) -> dict[str, Any]:
@@ -92,14 +92,17 @@ def describe_error(error: BaseException) -> str:
     return f"{type(error).__name__}: {' '.join(str(error).split())}"
 
 
-def write_summary(sweep_dir: Path, direction: str) -> list[dict[str, Any]]:
-    """Rebuild `<sweep_dir>/summary.csv` from the result.json of every job; return its rows, best first."""
+def write_summary(sweep_dir: Path, mode: str) -> list[dict[str, Any]]:
+    """Rebuild `<sweep_dir>/summary.csv` from the result.json of every job; return its rows, best first
+    (mode max: the highest value first; min: the lowest)."""
+    if mode not in MODES:
+        raise ValueError(f"mode={mode} is not valid; choose max or min")
     results = [json.loads(path.read_text()) for path in sweep_dir.glob(f"*/{RESULT_FILE}")]
     if not results:
         return []
     metric = next((r["metric"] for r in results if r["metric"]), None) or "value"
     swept = _swept_keys([r["overrides"] for r in results])
-    sign = -1.0 if direction == "maximize" else 1.0
+    sign = -1.0 if mode == "max" else 1.0
 
     def rank(result: dict[str, Any]) -> tuple:
         value = result["value"]

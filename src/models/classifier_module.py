@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 from torch import Tensor
-from torchmetrics import MaxMetric, MeanMetric
+from torchmetrics import MaxMetric, MeanMetric, MinMetric
 from torchmetrics.classification import MulticlassAccuracy
 
 from src.data.components.labels import names_or_indices
@@ -40,9 +40,16 @@ class ClassifierModule(L.LightningModule):
         channels_last: bool = False,
         class_names: list[str] | None = None,
         preprocessing: dict | None = None,
+        monitor: str = "val/acc",
+        mode: str = "max",
     ) -> None:
-        """`class_names` and `preprocessing` need not be given: they are taken from the datamodule when
+        """`monitor` and `mode`: the validation metric whose best value so far is logged as `<monitor>_best`,
+        and which way it is better (max or min).
+
+        `class_names` and `preprocessing` need not be given: they are taken from the datamodule when
         training starts and saved with every checkpoint, so that predict and export need nothing else."""
+        if mode not in ("max", "min"):
+            raise ValueError(f"mode={mode} is not valid; choose max or min")
         super().__init__()
         self.save_hyperparameters(
             {
@@ -55,6 +62,8 @@ class ClassifierModule(L.LightningModule):
                 "channels_last": channels_last,
                 "class_names": _plain(class_names),
                 "preprocessing": _plain(preprocessing),
+                "monitor": monitor,
+                "mode": mode,
             },
             logger=False,  # the builder logs the whole resolved run config instead
         )
@@ -68,10 +77,10 @@ class ClassifierModule(L.LightningModule):
         self.train_loss, self.val_loss, self.test_loss = (
             MeanMetric(nan_strategy="disable") for _ in range(3)
         )
-        self.val_acc_best = MaxMetric()
+        self.monitor_best = MaxMetric() if mode == "max" else MinMetric()
         # Metric states go into checkpoints: a run resumed mid-epoch (or after its best epoch) reports the
-        # same epoch means and best accuracy as an uninterrupted one.
-        for metric in (self.train_acc, self.train_loss, self.val_acc_best):
+        # same epoch means and best value as an uninterrupted one.
+        for metric in (self.train_acc, self.train_loss, self.monitor_best):
             metric.persistent(True)
 
     def setup(self, stage: str) -> None:
@@ -151,13 +160,16 @@ class ClassifierModule(L.LightningModule):
         return {"preds": preds, "targets": targets}  # for callbacks (prediction pictures)
 
     def on_validation_epoch_end(self) -> None:
-        acc = self.val_acc.compute()
-        self._log_epoch("val/loss", self.val_loss.compute())
-        self._log_epoch("val/acc", acc)
-        if self.trainer.sanity_checking:  # its two batches do not count towards the best
+        logged = {"val/loss": self.val_loss.compute(), "val/acc": self.val_acc.compute()}
+        for name, value in logged.items():
+            self._log_epoch(name, value)
+        monitor = self.hparams.monitor
+        # The sanity check's two batches do not count towards the best; a monitor logged elsewhere (by a
+        # callback, or in training) has no best here.
+        if self.trainer.sanity_checking or monitor not in logged:
             return
-        self.val_acc_best(acc)
-        self._log_epoch("val/acc_best", self.val_acc_best.compute())
+        self.monitor_best(logged[monitor])
+        self._log_epoch(f"{monitor}_best", self.monitor_best.compute())
 
     def on_test_epoch_start(self) -> None:
         self.test_loss.reset()

@@ -1,10 +1,13 @@
-"""The one place where a run is put together; every entry point (train, eval) builds through `build`.
+"""The one place where a run is put together; every entry point builds through `build`.
 
-Order matters: the preflight checks, extras and seeding happen before anything is instantiated, so that
-a bad config fails in a second and every object is created under the same seed; the run record
-(run.json) is written and the resolved config is logged as the run's hyperparameters; and however the
-run ends, the record gets its end and the distributed state is cleaned up, so that the next job of a
-multirun starts from scratch.
+`build` runs four steps, each below as its own function, in the order that matters:
+
+1. `prepare`: the preflight checks, extras and seeding, before anything is instantiated, so that a bad
+   config fails in a second and every object is created under the same seed;
+2. `instantiate_run`: datamodule, model, and (for the tasks that use one) callbacks, loggers and trainer;
+3. `recorded`: the run record (run.json) at the start and at the end, however the run ends, and the
+   resolved config logged as the run's hyperparameters;
+4. on the way out, the distributed state is cleaned up, so the next job of a multirun starts from scratch.
 """
 
 import logging
@@ -23,7 +26,7 @@ from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
-from src.launch import hydra_ddp
+from src.launch import environment, hydra_ddp
 from src.run import preflight
 from src.run import record as run_record
 from src.run.extras import apply_extras
@@ -37,10 +40,66 @@ class Run:
     """Everything a task needs, built from one config."""
 
     cfg: DictConfig
-    datamodule: L.LightningDataModule | None
-    model: L.LightningModule
-    trainer: L.Trainer
+    datamodule: L.LightningDataModule | None = None
+    model: L.LightningModule | None = None
+    trainer: L.Trainer | None = None  # None for a task that runs no Trainer (export)
     metrics: dict[str, float] = field(default_factory=dict)  # the final metrics, set by the task
+
+
+@contextmanager
+def build(
+    cfg: DictConfig,
+    resume: Resume | None = None,
+    model: L.LightningModule | None = None,
+    datamodule: L.LightningDataModule | None = None,
+    trainer: bool = True,
+) -> Iterator[Run]:
+    """Prepare, instantiate and record the run of `cfg`; clean up on exit.
+
+    `resume`: the earlier attempt of a named run that this one continues, for the run record.
+    `model`, `datamodule`: already built (predict and export load the model from a checkpoint); else from
+    `cfg.model` and `cfg.data` (`data: null` for none). `trainer=False`: no callbacks, loggers or Trainer.
+    """
+    prepare(cfg)
+    env_before = hydra_ddp.snapshot_env()
+    run = Run(cfg=cfg, datamodule=datamodule, model=model)
+    try:
+        instantiate_run(run, trainer)
+        with recorded(run, resume):
+            yield run
+    finally:
+        _finish_wandb()
+        hydra_ddp.cleanup(run.trainer, env_before)
+
+
+def prepare(cfg: DictConfig) -> None:
+    """What happens before anything is instantiated: checks, extras, seed."""
+    if HydraConfig.initialized():
+        # `import lightning` attaches a console handler of its own; Hydra's logging config already prints
+        # and files every record, so drop it rather than print each Lightning message twice.
+        logging.getLogger("lightning").handlers.clear()
+    preflight.check_run(cfg)
+    apply_extras(cfg)
+    if cfg.get("seed") is not None:  # seed 0 is a seed
+        L.seed_everything(cfg.seed, workers=True)
+
+
+def instantiate_run(run: Run, trainer: bool) -> None:
+    """The datamodule and model (unless given), then callbacks, loggers and the Trainer."""
+    cfg = run.cfg
+    if run.datamodule is None and cfg.get("data") is not None:
+        log.info(f"Instantiating datamodule <{cfg.data._target_}>")
+        # Plain lists and dicts (not ListConfig): checkpoints store the datamodule's hyperparameters and
+        # must load with weights_only=True.
+        run.datamodule = instantiate(cfg.data, _convert_="all")
+    if run.model is None:
+        log.info(f"Instantiating model <{cfg.model._target_}>")
+        run.model = instantiate(cfg.model)
+    if trainer:
+        callbacks = instantiate_group(cfg.get("callbacks"), "callbacks")
+        loggers = instantiate_group(cfg.get("logger"), "logger")
+        log.info(f"Instantiating trainer <{cfg.trainer._target_}>")
+        run.trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
 
 
 def instantiate_group(group: DictConfig | None, kind: str) -> list[Any]:
@@ -58,9 +117,45 @@ def instantiate_group(group: DictConfig | None, kind: str) -> list[Any]:
     return objects
 
 
+@contextmanager
+def recorded(run: Run, resume: Resume | None) -> Iterator[None]:
+    """Write run.json when the run starts and complete it when it ends (global rank 0 only); log the
+    resolved config to every logger. A SIGTERM'd run exits with 128 + SIGTERM."""
+    if run.trainer is not None:
+        rank_zero, world_size = run.trainer.is_global_zero, run.trainer.world_size
+    else:
+        rank_zero, world_size = environment.is_global_rank_zero(), 1
+    record, error = None, None
+    try:
+        if rank_zero:
+            record, diff = run_record.start_record(run.cfg, world_size)
+            if resume is not None:
+                record["resumed"] = resume.summary()
+            log_hyperparameters(run, record)
+            loggers = run.trainer.loggers if run.trainer is not None else []
+            # A later attempt of a named run logs to the same wandb run (src/run/resume.py).
+            record["wandb_id"] = next((lg.version for lg in loggers if isinstance(lg, WandbLogger)), None)
+            run_record.write_start(record, diff, run.cfg.paths.output_dir)
+        try:
+            yield
+        except SIGTERMException as err:
+            error = err
+            # Lightning ends a SIGTERM'd run with SystemExit(None), i.e. exit status 0; a killed run should
+            # say it was killed (128 + SIGTERM), like any other process.
+            raise SystemExit(128 + signal.SIGTERM) from err
+    except BaseException as err:
+        # Whatever failed once the record exists, setting up (a logger refusing the hyperparameters, e.g.
+        # wandb without a login) or running, the record says so.
+        error = error or err
+        raise
+    finally:
+        if record is not None:
+            run_record.write_end(record, run.cfg.paths.output_dir, run.metrics, error)
+
+
 def log_hyperparameters(run: Run, record: dict[str, Any]) -> None:
     """Send the resolved run config (nested), parameter counts and the run record to every logger."""
-    if not run.trainer.loggers:
+    if run.trainer is None or not run.trainer.loggers:
         return
     hparams = OmegaConf.to_container(run.cfg, resolve=True)
     params = list(run.model.parameters())
@@ -76,69 +171,3 @@ def _finish_wandb() -> None:
     """End the wandb run, if any, so the next job of a multirun gets its own."""
     if "wandb" in sys.modules and sys.modules["wandb"].run is not None:
         sys.modules["wandb"].finish()
-
-
-@contextmanager
-def build(
-    cfg: DictConfig,
-    resume: Resume | None = None,
-    model: L.LightningModule | None = None,
-    datamodule: L.LightningDataModule | None = None,
-) -> Iterator[Run]:
-    """Seed, instantiate data, model, callbacks, loggers and trainer from `cfg`; clean up on exit.
-
-    `resume`: the earlier attempt of a named run that this one continues, for the run record.
-    `model`, `datamodule`: already built (predict and export load the model from a checkpoint); else from
-    `cfg.model` and `cfg.data` (`data: null` for none).
-    """
-    if HydraConfig.initialized():
-        # `import lightning` attaches a console handler of its own; Hydra's logging config already prints
-        # and files every record, so drop it rather than print each Lightning message twice.
-        logging.getLogger("lightning").handlers.clear()
-    preflight.check_run(cfg)
-    apply_extras(cfg)
-    if cfg.get("seed") is not None:  # seed 0 is a seed
-        L.seed_everything(cfg.seed, workers=True)
-    env_before = hydra_ddp.snapshot_env()
-    trainer, record, error = None, None, None
-    try:
-        if datamodule is None and cfg.get("data") is not None:
-            log.info(f"Instantiating datamodule <{cfg.data._target_}>")
-            # Plain lists and dicts (not ListConfig): checkpoints store the datamodule's hyperparameters and
-            # must load with weights_only=True.
-            datamodule = instantiate(cfg.data, _convert_="all")
-        if model is None:
-            log.info(f"Instantiating model <{cfg.model._target_}>")
-            model = instantiate(cfg.model)
-        callbacks = instantiate_group(cfg.get("callbacks"), "callbacks")
-        loggers = instantiate_group(cfg.get("logger"), "logger")
-        log.info(f"Instantiating trainer <{cfg.trainer._target_}>")
-        trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
-        run = Run(cfg=cfg, datamodule=datamodule, model=model, trainer=trainer)
-        if trainer.is_global_zero:
-            record, diff = run_record.start_record(cfg, trainer.world_size)
-            if resume is not None:
-                record["resumed"] = resume.summary()
-            log_hyperparameters(run, record)
-            # A later attempt of a named run logs to the same wandb run (src/run/resume.py).
-            record["wandb_id"] = next(
-                (lg.version for lg in trainer.loggers if isinstance(lg, WandbLogger)), None
-            )
-            run_record.write_start(record, diff, cfg.paths.output_dir)
-        try:
-            yield run
-        except SIGTERMException as err:
-            error = err
-            # Lightning ends a SIGTERM'd run with SystemExit(None), i.e. exit status 0; a killed run should
-            # say it was killed (128 + SIGTERM), like any other process.
-            raise SystemExit(128 + signal.SIGTERM) from err
-    except BaseException as err:
-        # Whatever failed once the record exists, setting up (a logger refusing the hyperparameters, e.g.
-        # wandb without a login) or running, the record says so.
-        error = error or err
-        raise
-    finally:
-        if record is not None:
-            run_record.write_end(record, cfg.paths.output_dir, run.metrics, error)
-        _finish_wandb()
-        hydra_ddp.cleanup(trainer, env_before)

@@ -112,6 +112,6 @@ def check_fits(model: torch.nn.Module, path: str | Path, key: str = "ckpt_path")
     if problems:
         shown = "; ".join(problems)
         raise ValueError(
-            f"{key}={path} does not fit this model ({shown}); was it trained with another model=, model/net= "
-            "or data= (compose the same options as its training run)?"
+            f"{key}={path} does not fit this model ({shown}); was it trained with another model=, model/net=, "
+            "data= or mode= (compose the same options as its training run, or give its run_dir=)?"
         )

@@ -66,7 +66,10 @@ def check_logger_extras(cfg: DictConfig) -> None:
 
 
 def check_values(cfg: DictConfig) -> None:
-    """Numbers that must be positive, and a model that fits the data."""
+    """Numbers that must be positive, a model that fits the data, and which way the watched metric is better."""
+    mode = cfg.get("mode")
+    if mode is not None and mode not in ("max", "min"):
+        raise ValueError(f"mode={mode} is not valid; choose max or min")
     batch_size = OmegaConf.select(cfg, "data.batch_size")
     if isinstance(batch_size, int) and not isinstance(batch_size, bool) and batch_size <= 0:
         raise ValueError(f"data.batch_size={batch_size} must be a positive integer (the global batch size)")
