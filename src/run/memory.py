@@ -2,9 +2,9 @@
 
 A CPU training step allocates and frees the same large activation buffers over and over. glibc serves big
 blocks with fresh mmap pages and trims the top of its heap on free, with thresholds that adapt to the
-history of the process: depending on that history, each step may page-fault its whole working set back in
-(measured here on the CNN: 2.5 million page faults and 30 % fewer samples/s in some runs, 0.3 million in
-others, at random). Fixed thresholds make every run the fast one; memory stays at the peak a step needs.
+history of the process: depending on that history, each step may page-fault its whole working set back in,
+and the same run is fast or slow at random (figures: README, "Performance"). Fixed thresholds make every run
+the fast one; memory stays at the peak a step needs.
 """
 
 import ctypes
