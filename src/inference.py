@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.utils import get_class, instantiate
 from lightning import LightningDataModule, LightningModule
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -61,20 +63,52 @@ def locate(cfg: DictConfig) -> Source:
     return Source(checkpoint=checkpoint, run_config=run_config)
 
 
+def chosen_groups(overrides: list[str]) -> set[str]:
+    """The config groups a command line chooses an option of: `data=digits` chooses data, `model/net=mlp`
+    chooses model, and `experiment=...` chooses both (an experiment composes its own)."""
+    chosen = set()
+    for override in OverridesParser.create().parse_overrides(overrides):
+        key = override.key_or_group
+        if "." not in key:  # a group choice, not a single key
+            chosen |= {"data", "model"} if key == "experiment" else {key.split("/")[0]}
+    return chosen
+
+
+def with_keys_set(config: Any, overrides: list[str], group: str) -> DictConfig:
+    """`config` with the single keys of `group` that a command line sets or deletes (`data.batch_size=256`,
+    `+data.extra=1`, `~data.augment`) applied to it."""
+    config = OmegaConf.create(config)
+    for override in OverridesParser.create().parse_overrides(overrides):
+        key = override.key_or_group.removeprefix(f"{group}.")
+        if key == override.key_or_group:
+            continue  # not a key of this group
+        if override.is_delete():
+            parent, _, leaf = key.rpartition(".")
+            node = OmegaConf.select(config, parent) if parent else config
+            if isinstance(node, DictConfig) and leaf in node:
+                del node[leaf]
+        else:
+            OmegaConf.update(config, key, override.value(), force_add=True)
+    return config
+
+
 def group_config(cfg: DictConfig, source: Source, group: str) -> DictConfig | None:
-    """The config of `group` (data, model) for this run: an option chosen on the command line (`data=digits`,
-    with its own _target_), else the training run's, with any single keys given here on top of it
-    (`+data.batch_size=256`, or those a debug preset sets); None when neither says."""
+    """The config of `group` (data, model) for this run: the composed one when the command line chose an option
+    of it (`data=digits`, `model/net=mlp`, `experiment=...`) or the checkpoint's run does not say, else the
+    training run's, with the keys the command line set on top (`data.batch_size=256`); None when neither
+    says. A task whose config has no option of `group` (predict's `data: null`) gives its keys the same way."""
     given = cfg.get(group)
-    if given is not None and "_target_" in given:
-        return given
+    composed = given is not None and "_target_" in given
     trained = (source.run_config or {}).get(group)
-    return OmegaConf.merge(trained, given or {}) if trained else None
+    overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+    if trained is None or group in chosen_groups(overrides):
+        return given if composed else None
+    return with_keys_set(trained, overrides, group) if composed else OmegaConf.merge(trained, given or {})
 
 
 def with_run_config(cfg: DictConfig, source: Source, groups: tuple[str, ...]) -> DictConfig:
     """`cfg` with the configs of `groups` as `group_config` finds them, so that a run is evaluated as it was
-    trained; an error naming what to choose when the checkpoint's run does not say."""
+    trained; an error naming what to choose when neither the checkpoint's run nor the command line says."""
     configs = {group: group_config(cfg, source, group) for group in groups}
     unknown = [group for group, config in configs.items() if config is None]
     if unknown:

@@ -28,10 +28,29 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # that one command: see its comment).
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The slow tests first, each file's in their order: with `pytest -n 2` the longest ones start early and
+    the quick ones fill in at the end, instead of one long test running alone after all the others."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @pytest.fixture(scope="session")
 def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One data dir for the whole session, so the mnist5k cache is parsed once."""
     return tmp_path_factory.mktemp("data")
+
+
+@pytest.fixture(scope="session")
+def digits_run(tmp_path_factory: pytest.TempPathFactory, data_dir: Path) -> Path:
+    """One finished training run for the whole session, for the tests that only need "a trained run" (its run
+    dir, checkpoints, run.json and CSV log): `python src/train.py data=digits model/net=mlp
+    trainer.max_epochs=2 run_name=mlp`, the first thing the README has a user do. Its users read it and write
+    their own outputs (eval and predict runs, exports with output=) into their own tmp_path."""
+    log_dir = tmp_path_factory.mktemp("digits_run")
+    overrides = ["data=digits", "model/net=mlp", "trainer.max_epochs=2", "run_name=mlp"]
+    result = run_cli("train", *overrides, log_dir=log_dir, data_dir=data_dir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return log_dir / "train" / "runs" / "mlp"
 
 
 def csv_unless_chosen(config_name: str, overrides: Sequence[str]) -> list[str]:

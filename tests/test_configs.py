@@ -10,6 +10,7 @@ import yaml
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
+from src.inference import chosen_groups, with_keys_set
 from src.run.builder import instantiate_group
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
@@ -27,10 +28,40 @@ def test_train_config_has_the_documented_keys(compose_cfg):
     OmegaConf.resolve(cfg)  # every interpolation resolves
 
 
-def test_eval_config_takes_data_and_model_from_the_run_it_tests(compose_cfg):
+def test_eval_composes_the_data_and_model_of_the_same_overrides_as_train(compose_cfg):
+    """So that a checkpoint outside a run dir evaluates with its training run's overrides."""
+    for overrides in ([], ["data=digits", "model/net=mlp"], ["experiment=digits_mlp"]):
+        evaluated, trained = compose_cfg("eval", overrides), compose_cfg("train", overrides)
+        assert evaluated.data == trained.data and evaluated.model == trained.model
     cfg = compose_cfg("eval")
     assert cfg.ckpt_path is None and cfg.run_dir is None  # one of them is given (src/eval.py says so)
-    assert "data" not in cfg and "model" not in cfg  # the run's own, unless chosen on the command line
+
+
+@pytest.mark.parametrize(
+    ("overrides", "run_config_kept_for"),
+    [
+        ([], {"data", "model"}),
+        (["data.batch_size=256", "+model.extra=1", "trainer.max_epochs=1"], {"data", "model"}),
+        (["data=digits"], {"model"}),
+        (["model/net=mlp"], {"data"}),
+        (["experiment=digits_mlp"], set()),
+    ],
+)
+def test_eval_keeps_the_runs_data_and_model_unless_the_command_line_chooses_them(
+    overrides, run_config_kept_for
+):
+    assert {"data", "model"} - chosen_groups(overrides) == run_config_kept_for
+
+
+def test_single_keys_on_the_command_line_go_on_top_of_the_runs_config():
+    run = {"_target_": "src.data.digits_datamodule.DigitsDataModule", "batch_size": 64, "augment": True}
+    overrides = ["data.batch_size=256", "+data.loader.workers=0", "~data.augment", "model.compile=true"]
+    assert with_keys_set(run, overrides, "data") == {
+        "_target_": "src.data.digits_datamodule.DigitsDataModule",
+        "batch_size": 256,
+        "loader": {"workers": 0},
+    }
+    assert with_keys_set({"compile": False}, overrides, "model") == {"compile": True}
 
 
 @pytest.mark.parametrize("option", options("data"))

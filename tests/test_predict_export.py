@@ -16,21 +16,10 @@ from src.run.checkpoints import load_checkpoint
 from tests.conftest import last_metrics, only_run_dir, run_cli
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory: pytest.TempPathFactory, data_dir: Path) -> Path:
-    """A short real training run (the MLP on digits); its run dir."""
-    log_dir = tmp_path_factory.mktemp("logs")
-    result = run_cli(
-        "train",
-        "data=digits",
-        "model/net=mlp",
-        "trainer.max_epochs=2",
-        "run_name=mlp",
-        log_dir=log_dir,
-        data_dir=data_dir,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return log_dir / "train" / "runs" / "mlp"
+@pytest.fixture
+def trained(digits_run: Path) -> Path:
+    """A short real training run (the MLP on digits, shared by the session); its run dir."""
+    return digits_run
 
 
 @pytest.fixture(scope="module")
@@ -91,32 +80,29 @@ def test_eval_by_run_dir_tests_the_run_with_its_own_data_and_model(
     trained: Path, tmp_path: Path, data_dir: Path
 ):
     """`python src/eval.py run_dir=<run>`: a run trained with data=digits model/net=mlp needs neither again."""
-    result = run_cli("eval", f"run_dir={trained}", log_dir=tmp_path, data_dir=data_dir)
+    # data.batch_size: a single key set on top of the run's data config, which stays the digits
+    result = run_cli("eval", f"run_dir={trained}", "data.batch_size=100", log_dir=tmp_path, data_dir=data_dir)
     assert result.returncode == 0, result.stderr[-3000:]
     evaluated = json.loads((only_run_dir(tmp_path, "eval") / "run.json").read_text())
+    assert evaluated["config"]["data"]["batch_size"] == 100
     tested = json.loads((trained / "run.json").read_text())["final_metrics"]["test/acc"]
     assert evaluated["final_metrics"]["test/acc"] == pytest.approx(tested)
     assert evaluated["config"]["data"]["_target_"] == "src.data.digits_datamodule.DigitsDataModule"
     assert evaluated["config"]["model"]["net"]["_target_"] == "src.models.components.mlp.MLP"
 
 
-def test_eval_of_a_checkpoint_outside_a_run_dir_names_the_options_to_choose(
+def test_eval_of_a_checkpoint_outside_a_run_dir_takes_its_training_options(
     trained: Path, tmp_path: Path, data_dir: Path
 ):
-    checkpoint = tmp_path / "elsewhere" / "model.ckpt"
+    checkpoint = tmp_path / "elsewhere" / "model.ckpt"  # no run.json beside it
     checkpoint.parent.mkdir()
     checkpoint.write_bytes((trained / "checkpoints" / "best.ckpt").read_bytes())
     alone = run_cli("eval", f"ckpt_path={checkpoint}", log_dir=tmp_path / "alone", data_dir=data_dir)
-    assert alone.returncode != 0
-    assert (
-        f"{checkpoint} is not inside a run dir whose run.json names its data and model; choose data=<option> "
-        "and model=<option>"
-    ) in alone.stderr
-    assert not (tmp_path / "alone" / "eval" / "runs").exists() or not any(
-        (tmp_path / "alone" / "eval" / "runs").glob("*/run.json")
-    )  # refused before anything ran
-    chosen = ["data=digits", "model=classifier", "model/net=mlp", f"ckpt_path={checkpoint}"]
-    result = run_cli("eval", *chosen, log_dir=tmp_path, data_dir=data_dir)
+    assert alone.returncode != 0  # the default model/net (simple_cnn) is not the MLP it holds
+    assert f"ckpt_path={checkpoint} does not fit this model (" in alone.stderr
+    assert "was it trained with another model=, model/net=, data= or mode=" in alone.stderr
+    as_trained = ["data=digits", "model/net=mlp", f"ckpt_path={checkpoint}"]  # its training run's overrides
+    result = run_cli("eval", *as_trained, log_dir=tmp_path, data_dir=data_dir)
     assert result.returncode == 0, result.stderr[-3000:]
     tested = json.loads((trained / "run.json").read_text())["final_metrics"]["test/acc"]
     assert last_metrics(only_run_dir(tmp_path, "eval"))["test/acc"] == pytest.approx(tested)

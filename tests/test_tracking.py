@@ -170,6 +170,7 @@ def test_wandb_online_without_a_login_fails_at_start_and_the_record_says_so(tmp_
 @pytest.mark.slow
 def test_ddp_creates_one_wandb_run_from_rank_zero_with_its_checkpoints(tmp_path: Path, data_dir: Path):
     overrides = ["trainer=ddp_sim", *DIGITS_MLP, "logger=wandb", "logger.wandb.log_model=all"]
+    overrides += ["callbacks=[default,prediction_pictures]"]  # drawn on rank 0 only (checked below)
     # Lightning refuses log_model with logger.wandb.offline=true; offline checkpoints need WANDB_MODE=offline.
     result = run_cli("train", *overrides, log_dir=tmp_path, data_dir=data_dir, env={"WANDB_MODE": "offline"})
     assert result.returncode == 0, result.stderr[-3000:]
