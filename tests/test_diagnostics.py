@@ -54,3 +54,29 @@ def test_throughput_and_the_model_summary_show_when_asked_for(tmp_path: Path, da
     metrics = last_metrics(only_run_dir(tmp_path))
     assert metrics["perf/train_samples_per_sec"] > 0 and metrics["perf/fit_samples_per_sec"] > 0
     assert "net.layers" in result.stdout  # RichModelSummary's max_depth=2 (Lightning's own lists only `net`)
+
+
+def test_the_profiler_times_the_batch_hooks_the_callbacks_implement(tmp_path: Path, data_dir: Path):
+    # Lightning would call every hook of every callback at each batch; the empty ones are skipped
+    # (src/run/builder.py), the ones a callback implements still run and are timed.
+    result = run_cli(
+        "train", "data=digits", "model/net=mlp", "debug=profiler", log_dir=tmp_path, data_dir=data_dir
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    timed = result.stdout
+    for hook in (
+        "TrainingGuards.on_before_backward",  # the NaN guard, at every step
+        "LearningRateMonitor.on_train_batch_start",
+        "RichProgressBar.on_train_batch_end",
+        "LastCheckpoint.on_train_batch_end",
+    ):
+        assert f"[Callback]{hook}" in timed, hook
+    for hook in (
+        "RNGState.on_train_batch_start",
+        "InterruptCheckpoint.on_before_backward",
+        "TrainingGuards.on_validation_batch_end",
+    ):
+        assert f"[Callback]{hook}" not in timed, hook
+    assert (
+        "[Callback]RNGState.on_train_start" in timed
+    )  # hooks outside the batch loop: called as Lightning does

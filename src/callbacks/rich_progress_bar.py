@@ -21,6 +21,10 @@ class RichProgressBar(LightningRichProgressBar):
         super().__init__(*args, **kwargs)
         self._drawn_at = float("-inf")
 
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_epoch_start(trainer, pl_module)  # draws the new epoch's bar
+        self._drawn_at = time.monotonic()
+
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:

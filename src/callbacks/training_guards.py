@@ -62,21 +62,23 @@ class TrainingGuards(L.Callback):
         self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor
     ) -> None:
         if self.stop_on_nonfinite:
-            bad = ~torch.isfinite(loss.detach()).all()
-            if self._interval == 1:
-                broken = bool(bad)
+            if self._interval == 1 and trainer.world_size == 1 and loss.numel() == 1:
+                # One process, every step: a float comparison, no tensor ops or collective.
+                if not math.isfinite(loss.item()):
+                    self._stop(trainer, loss.item())
+            elif self._interval == 1:
+                broken = bool(~torch.isfinite(loss.detach()).all())
                 # Every rank stops together, whichever one saw it.
                 if trainer.strategy.reduce_boolean_decision(broken, all=False):
-                    raise FloatingPointError(
-                        f"the training loss is {loss.item() if broken else 'NaN/Inf on another rank'} at epoch "
-                        f"{trainer.current_epoch}, step {trainer.global_step}: stopped before it reached the "
-                        "weights; " + FIXES
-                    )
+                    self._stop(trainer, loss.item() if broken else "NaN/Inf on another rank")
             else:  # counted on the device, read in on_train_batch_end: no sync here
-                self._bad_steps = bad.int() if self._bad_steps is None else self._bad_steps + bad.int()
+                bad = (~torch.isfinite(loss.detach()).all()).int()
+                self._bad_steps = bad if self._bad_steps is None else self._bad_steps + bad
                 self._unread += 1
+        if not (self._first_step and self.check_initial_loss):
+            return
         num_classes = pl_module.hparams.get("num_classes")
-        if self._first_step and self.check_initial_loss and num_classes and trainer.is_global_zero:
+        if num_classes and trainer.is_global_zero:
             expected, value = math.log(num_classes), loss.item()
             if not expected / 2 <= value <= expected * 2:
                 log.warning(
@@ -84,6 +86,12 @@ class TrainingGuards(L.Callback):
                     "untrained classifier should give: check the input normalisation (data.mean, data.std), "
                     "the labels, and the net's last layer"
                 )
+
+    def _stop(self, trainer: L.Trainer, loss: float | str) -> None:
+        raise FloatingPointError(
+            f"the training loss is {loss} at epoch {trainer.current_epoch}, step {trainer.global_step}: stopped "
+            "before it reached the weights; " + FIXES
+        )
 
     def on_after_backward(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not self._first_step:

@@ -100,6 +100,36 @@ def instantiate_run(run: Run, trainer: bool) -> None:
         loggers = instantiate_group(cfg.get("logger"), "logger")
         log.info(f"Instantiating trainer <{cfg.trainer._target_}>")
         run.trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
+        skip_empty_batch_hooks(run.trainer.callbacks)
+
+
+# The hooks Lightning calls on every callback at every batch.
+BATCH_HOOKS = (
+    *(
+        f"on_{stage}_batch_{when}"
+        for stage in ("train", "validation", "test", "predict")
+        for when in ("start", "end")
+    ),
+    "on_before_backward",
+    "on_after_backward",
+    "on_before_optimizer_step",
+    "on_before_zero_grad",
+)
+
+
+def skip_empty_batch_hooks(callbacks: list[L.Callback]) -> None:
+    """Let Lightning skip the per-batch hooks a callback does not implement.
+
+    Lightning calls each of these hooks on each callback at every batch, inside a profiler context named
+    after the callback, even when the hook is `Callback`'s empty default: about 80 µs a step for the
+    default callbacks on 2 CPU cores, a tenth of a small model's step. It skips a hook that is not
+    callable, so an empty one is set to None on the instance. A real profiler (`trainer.profiler=simple`)
+    then lists only the hooks that do something.
+    """
+    for callback in callbacks:
+        for hook in BATCH_HOOKS:
+            if getattr(type(callback), hook) is getattr(L.Callback, hook):
+                setattr(callback, hook, None)
 
 
 def instantiate_group(group: DictConfig | None, kind: str) -> list[Any]:
