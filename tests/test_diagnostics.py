@@ -1,10 +1,13 @@
 """The default callbacks are those a run needs to be safe and resumable; each diagnostic is off until its one
 documented override, `'callbacks=[default,<name>]'`, turns it on."""
 
+import re
 from pathlib import Path
 
+import lightning as L
 import pytest
 
+from src.run.builder import instantiate_group, skip_idle_batch_hooks
 from tests.conftest import CONFIG_DIR, ROOT, last_metrics, only_run_dir, run_cli
 
 NEEDED = {
@@ -56,9 +59,9 @@ def test_throughput_and_the_model_summary_show_when_asked_for(tmp_path: Path, da
     assert "net.layers" in result.stdout  # RichModelSummary's max_depth=2 (Lightning's own lists only `net`)
 
 
-def test_the_profiler_times_the_batch_hooks_the_callbacks_implement(tmp_path: Path, data_dir: Path):
-    # Lightning would call every hook of every callback at each batch; the empty ones are skipped
-    # (src/run/builder.py), the ones a callback implements still run and are timed.
+def test_the_profiler_times_the_batch_hooks_that_do_something(tmp_path: Path, data_dir: Path):
+    # Lightning would call every batch hook of every callback at each batch; the ones that are empty or idle
+    # under the callback's settings are skipped (src/run/builder.py), the others still run and are timed.
     result = run_cli(
         "train", "data=digits", "model/net=mlp", "debug=profiler", log_dir=tmp_path, data_dir=data_dir
     )
@@ -66,17 +69,49 @@ def test_the_profiler_times_the_batch_hooks_the_callbacks_implement(tmp_path: Pa
     timed = result.stdout
     for hook in (
         "TrainingGuards.on_before_backward",  # the NaN guard, at every step
-        "LearningRateMonitor.on_train_batch_start",
+        "TrainingGuards.on_after_backward",  # unused parameters, at the first step
         "RichProgressBar.on_train_batch_end",
-        "LastCheckpoint.on_train_batch_end",
+        "RichProgressBar.on_validation_batch_end",
     ):
         assert f"[Callback]{hook}" in timed, hook
     for hook in (
-        "RNGState.on_train_batch_start",
+        "RNGState.on_train_batch_start",  # not implemented
         "InterruptCheckpoint.on_before_backward",
         "TrainingGuards.on_validation_batch_end",
+        "LearningRateMonitor.on_train_batch_start",  # idle: logging_interval=epoch
+        "LastCheckpoint.on_train_batch_end",  # idle: every_n_train_steps=null
+        "TrainingGuards.on_before_optimizer_step",  # idle: log_grad_norm=false
+        "TrainingGuards.on_train_batch_end",  # idle: the loss is checked as it comes on one CPU process
     ):
         assert f"[Callback]{hook}" not in timed, hook
+    checkpoint = r"\[Callback\]ModelCheckpoint\{[^}]*\}\."  # its profiler name holds its settings
+    assert re.search(checkpoint + "on_validation_end", timed)  # where it saves the best checkpoint
+    assert not re.search(checkpoint + "on_train_batch_end", timed)  # idle: no every_n_train_steps
     assert (
         "[Callback]RNGState.on_train_start" in timed
     )  # hooks outside the batch loop: called as Lightning does
+
+
+def test_a_batch_hook_runs_when_a_setting_needs_it(compose_cfg, tmp_path: Path):
+    # The same callbacks as above, with the options that give each skipped hook work to do.
+    overrides = [
+        f"paths.output_dir={tmp_path}",
+        "callbacks.lr_monitor.logging_interval=step",
+        "callbacks.last_checkpoint.every_n_train_steps=100",
+        "callbacks.model_checkpoint.every_n_train_steps=100",
+        "callbacks.training_guards.log_grad_norm=true",
+        "callbacks.training_guards.nonfinite_every_n_steps=10",
+    ]
+    callbacks = instantiate_group(compose_cfg("train", overrides).callbacks, "callbacks")
+    trainer = L.Trainer(callbacks=callbacks, logger=False, accelerator="cpu", default_root_dir=tmp_path)
+    skip_idle_batch_hooks(trainer)
+    by_name = {type(callback).__name__: callback for callback in trainer.callbacks}
+    for name, hook in (
+        ("LearningRateMonitor", "on_train_batch_start"),
+        ("LastCheckpoint", "on_train_batch_end"),
+        ("ModelCheckpoint", "on_train_batch_end"),
+        ("TrainingGuards", "on_before_optimizer_step"),
+        ("TrainingGuards", "on_train_batch_end"),
+    ):
+        assert callable(getattr(by_name[name], hook)), f"{name}.{hook}"
+    assert by_name["RNGState"].on_train_batch_start is None  # never any work to do

@@ -40,6 +40,10 @@ class LastCheckpoint(L.Callback):
         self._saved_step: int | None = None
         self._saved_at = float("-inf")
 
+    def idle_batch_hooks(self, trainer: L.Trainer) -> list[str]:
+        """Without step saves, Lightning need not call the batch hook (src/run/builder.py)."""
+        return [] if self.every_n_train_steps else ["on_train_batch_end"]
+
     def on_train_batch_end(self, trainer: L.Trainer, *args, **kwargs) -> None:
         if self.every_n_train_steps and trainer.global_step % self.every_n_train_steps == 0:
             self._save(trainer)
