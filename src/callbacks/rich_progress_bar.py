@@ -9,13 +9,20 @@ from lightning.pytorch.callbacks import RichProgressBar as LightningRichProgress
 
 
 class RichProgressBar(LightningRichProgressBar):
-    """Lightning's RichProgressBar (same arguments), but a training batch that ends less than 1/`refresh_rate`
-    seconds after the last drawn one is not drawn.
+    """Lightning's RichProgressBar (same arguments), drawing only on its refresh thread, at most
+    `refresh_rate` times a second.
 
     Lightning 2.6 updates the bar and reads every progress-bar metric back to the host (`.item()`) after
-    each training batch: a GPU sync per step, and a fixed cost that shows on small models. The bar redraws
-    `refresh_rate` times a second anyway, so nothing visible is lost. The last batch of an epoch is always drawn.
+    each training batch: a GPU sync per step, and a fixed cost that shows on small models. Here a training
+    batch that ends less than 1/`refresh_rate` seconds after the last drawn one is not drawn; the last batch of
+    an epoch always is. And rich redraws the whole display on the training thread whenever a bar is added or
+    reset (each epoch's training bar, each validation's bar): those redraws are left to the refresh thread too.
     """
+
+    def _init_progress(self, trainer: L.Trainer) -> None:
+        super()._init_progress(trainer)
+        if self.is_enabled and self.progress is not None:
+            self.progress.refresh = self.progress.soft_refresh  # what rich calls after add_task and reset
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

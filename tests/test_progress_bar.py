@@ -1,0 +1,58 @@
+"""The progress bar draws on its own thread, at most `refresh_rate` times a second, and ends each bar complete."""
+
+import io
+import re
+import threading
+import time
+from pathlib import Path
+
+import lightning as L
+import pytest
+from lightning.pytorch.demos.boring_classes import BoringModel
+from rich.live import Live
+
+from src.callbacks.rich_progress_bar import RichProgressBar
+
+
+@pytest.fixture
+def renders(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The thread of every redraw of a rich display (counted, then drawn as usual)."""
+    threads: list[str] = []
+    draw = Live.refresh
+
+    def counted(live: Live) -> None:
+        threads.append(threading.current_thread().name)
+        draw(live)
+
+    monkeypatch.setattr(Live, "refresh", counted)
+    return threads
+
+
+def test_the_training_thread_does_not_redraw_the_bar_each_epoch(tmp_path: Path, renders: list[str]):
+    screen = io.StringIO()
+    bar = RichProgressBar(
+        refresh_rate=4, console_kwargs={"force_terminal": True, "file": screen, "width": 120}
+    )
+    trainer = L.Trainer(
+        max_epochs=6,
+        limit_train_batches=7,
+        limit_val_batches=2,
+        callbacks=[bar],
+        logger=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
+    started = time.monotonic()
+    trainer.fit(BoringModel())
+    seconds = time.monotonic() - started
+    on_training_thread = renders.count(threading.main_thread().name)
+    # Lightning's own bar redraws twice an epoch on this thread (a new training bar, a new validation bar);
+    # this one only when a display stops, which rich draws one last time.
+    assert on_training_thread <= 3, renders
+    assert len(renders) <= 4 * seconds + 3, (
+        len(renders),
+        seconds,
+    )  # at most refresh_rate a second, + the stops
+    last_drawn = re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", screen.getvalue()).replace("\r", "\n").splitlines()
+    assert re.search(r"Epoch 5/5 .* 7/7 ", [line for line in last_drawn if "Epoch" in line][-1])  # complete
