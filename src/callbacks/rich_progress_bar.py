@@ -19,14 +19,14 @@ class RichProgressBar(LightningRichProgressBar):
     reset (each epoch's training bar, each validation's bar): those redraws are left to the refresh thread too.
     """
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._drawn_at = float("-inf")
+
     def _init_progress(self, trainer: L.Trainer) -> None:
         super()._init_progress(trainer)
         if self.is_enabled and self.progress is not None:
             self.progress.refresh = self.progress.soft_refresh  # what rich calls after add_task and reset
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._drawn_at = float("-inf")
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_train_epoch_start(trainer, pl_module)  # draws the new epoch's bar
