@@ -7,9 +7,13 @@ import subprocess
 import time
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.demos.boring_classes import BoringModel
 
+from src.callbacks.interrupt_checkpoint import InterruptCheckpoint
 from src.run.checkpoints import AtomicCheckpointIO, load_checkpoint
 from tests.conftest import ROOT, cli_command, cli_env, run_cli, wandb_records
 
@@ -302,3 +306,28 @@ def test_a_kill_while_saving_leaves_a_loadable_last_checkpoint(tmp_path: Path, d
     run.wait()
     checkpoint = load_checkpoint(checkpoints / "last.ckpt")  # the previous one, complete
     assert checkpoint["global_step"] >= 3 and "optimizer_states" in checkpoint
+
+
+def test_a_new_fit_never_picks_up_a_last_checkpoint_it_was_not_given(tmp_path: Path):
+    # Lightning resumes `fit(ckpt_path=None)` from the newest last*.ckpt of the checkpoint folders when an
+    # OnExceptionCheckpoint is among the callbacks; the interrupt checkpoint is not one, so which checkpoint
+    # a run continues from stays src/run/resume.py's decision.
+    class Steps(L.Callback):
+        trained = 0
+
+        def on_train_batch_end(self, *args, **kwargs) -> None:
+            self.trained += 1
+
+    def steps_of_a_new_fit() -> int:
+        steps = Steps()
+        checkpoints = [InterruptCheckpoint(dirpath=str(tmp_path)), ModelCheckpoint(tmp_path, save_last=True)]
+        trainer = L.Trainer(
+            max_epochs=2, limit_train_batches=3, limit_val_batches=1, callbacks=[steps, *checkpoints],
+            logger=False, enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
+        )  # fmt: skip
+        trainer.fit(BoringModel())
+        return steps.trained
+
+    assert steps_of_a_new_fit() == 6
+    assert (tmp_path / "last.ckpt").exists()
+    assert steps_of_a_new_fit() == 6  # not resumed from the first fit's last.ckpt: all 6 steps again

@@ -23,6 +23,8 @@ def test_fast_dev_run_trains_validates_and_tests(tmp_path: Path, data_dir: Path)
     # fast_dev_run turns the loggers off; the run's log file still has the final metrics.
     final = re.search(r"Final metrics: (.*)", (run_dir / "debug.log").read_text()).group(1)
     assert {"test/acc", "val/acc", "train/loss"} <= {item.split("=")[0] for item in final.split(", ")}
+    # A new run starts from scratch, without Lightning's warnings about a "last" checkpoint it looked for.
+    assert "ckpt_path" not in result.stderr, result.stderr[-3000:]
 
 
 def test_runs_from_any_working_directory_with_seed_zero(tmp_path: Path, data_dir: Path):

@@ -1,18 +1,32 @@
 """A checkpoint of the moment training was interrupted, so that the run can continue from there."""
 
-from typing import Any
+from pathlib import Path
 
 import lightning as L
-from lightning.pytorch.callbacks import OnExceptionCheckpoint
+from lightning.pytorch.callbacks import Checkpoint
 
 
-class InterruptCheckpoint(OnExceptionCheckpoint):
-    """Lightning's OnExceptionCheckpoint (saves `<dirpath>/<filename>.ckpt` when training raises), except
-    for a non-finite loss (`FloatingPointError` from the training guards), whose weights may already be
-    broken. Lightning itself deletes the file when a later training run finishes normally."""
+class InterruptCheckpoint(Checkpoint):
+    """Saves `<dirpath>/<filename>.ckpt` when training raises (Ctrl+C, SIGTERM, an error), except for a
+    non-finite loss (`FloatingPointError` from the training guards), whose weights may already be broken. A
+    stage that then ends normally deletes the file: it would be older than the checkpoints after it.
 
-    def on_exception(self, trainer: L.Trainer, *args: Any, **kwargs: Any) -> None:
-        exception = args[-1] if args else kwargs.get("exception")
+    Not Lightning's OnExceptionCheckpoint, whose presence makes every `fit(ckpt_path=None)` mean "resume from
+    the newest last*.ckpt of the checkpoint folders", with two warnings on each new run. Which checkpoint a run
+    resumes from is the template's decision (src/run/resume.py), made once and recorded in run.json.
+    """
+
+    def __init__(self, dirpath: str, filename: str = "interrupted") -> None:
+        if not filename:
+            raise ValueError("callbacks.interrupt_checkpoint.filename is empty; give the file a name")
+        self.path = Path(dirpath) / f"{filename}.ckpt"
+
+    def on_exception(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
+    ) -> None:
         if isinstance(exception, FloatingPointError):
             return
-        trainer.save_checkpoint(self.ckpt_path, weights_only=False)  # the full state, to resume from
+        trainer.save_checkpoint(self.path, weights_only=False)  # the full state, to resume from
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        trainer.strategy.remove_checkpoint(self.path)
