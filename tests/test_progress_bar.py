@@ -50,9 +50,7 @@ def test_the_training_thread_does_not_redraw_the_bar_each_epoch(tmp_path: Path, 
     # Lightning's own bar redraws twice an epoch on this thread (a new training bar, a new validation bar);
     # this one only when a display stops, which rich draws one last time.
     assert on_training_thread <= 3, renders
-    assert len(renders) <= 4 * seconds + 3, (
-        len(renders),
-        seconds,
-    )  # at most refresh_rate a second, + the stops
+    # At most refresh_rate redraws a second, and one more at each stop.
+    assert len(renders) <= 4 * seconds + 3, (len(renders), seconds)
     last_drawn = re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", screen.getvalue()).replace("\r", "\n").splitlines()
     assert re.search(r"Epoch 5/5 .* 7/7 ", [line for line in last_drawn if "Epoch" in line][-1])  # complete

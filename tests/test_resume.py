@@ -331,3 +331,8 @@ def test_a_new_fit_never_picks_up_a_last_checkpoint_it_was_not_given(tmp_path: P
     assert steps_of_a_new_fit() == 6
     assert (tmp_path / "last.ckpt").exists()
     assert steps_of_a_new_fit() == 6  # not resumed from the first fit's last.ckpt: all 6 steps again
+
+
+def test_an_interrupt_checkpoint_without_a_file_name_is_refused(tmp_path: Path):
+    with pytest.raises(ValueError, match=r"callbacks\.interrupt_checkpoint\.filename is empty"):
+        InterruptCheckpoint(dirpath=str(tmp_path), filename="")

@@ -55,13 +55,19 @@ class TrainingGuards(L.Callback):
     def idle_batch_hooks(self, trainer: L.Trainer) -> list[str]:
         """The hooks this run does not need, which Lightning then skips (src/run/builder.py)."""
         idle = [] if self.log_grad_norm else ["on_before_optimizer_step"]
-        if not self.stop_on_nonfinite or _read_interval(self, trainer) == 1:
+        if not self.stop_on_nonfinite or self._read_interval(trainer) == 1:
             idle.append("on_train_batch_end")  # nothing counted on the device to read back
         return idle
 
+    def _read_interval(self, trainer: L.Trainer) -> int:
+        """Every how many steps the non-finite flag is read: 1 on one CPU process (free), else the setting or
+        SYNC_FREE_INTERVAL."""
+        free = trainer.world_size == 1 and trainer.strategy.root_device.type == "cpu"
+        return self.nonfinite_every_n_steps or (1 if free else SYNC_FREE_INTERVAL)
+
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._first_step = trainer.global_step == 0  # a resumed run is past its first step
-        self._interval = _read_interval(self, trainer)
+        self._interval = self._read_interval(trainer)
         self._bad_steps, self._unread = None, 0
 
     def on_before_backward(
@@ -133,13 +139,6 @@ class TrainingGuards(L.Callback):
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer) -> None:
         if self.log_grad_norm:
             pl_module.log_dict(grad_norm(pl_module, norm_type=2))
-
-
-def _read_interval(guards: TrainingGuards, trainer: L.Trainer) -> int:
-    """Every how many steps the non-finite flag is read: 1 on one CPU process (free), else the setting or
-    SYNC_FREE_INTERVAL."""
-    free = trainer.world_size == 1 and trainer.strategy.root_device.type == "cpu"
-    return guards.nonfinite_every_n_steps or (1 if free else SYNC_FREE_INTERVAL)
 
 
 def _last_batch_of_epoch(trainer: L.Trainer, batch_idx: int) -> bool:
