@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import ROOT, last_metrics, only_run_dir, run_cli
+from tests.conftest import ROOT, cli_command, cli_env, last_metrics, only_run_dir, run_cli
 
 DIGITS_MLP = ["data=digits", "model/net=mlp"]
 
@@ -25,6 +25,22 @@ def test_fast_dev_run_trains_validates_and_tests(tmp_path: Path, data_dir: Path)
     assert {"test/acc", "val/acc", "train/loss"} <= {item.split("=")[0] for item in final.split(", ")}
     # A new run starts from scratch, without Lightning's warnings about a "last" checkpoint it looked for.
     assert "ckpt_path" not in result.stderr, result.stderr[-3000:]
+
+
+def test_lightnings_messages_reach_the_log_file_when_lightning_was_imported_first(
+    tmp_path: Path, data_dir: Path
+):
+    # A wrapper script (or an entry point edited to import lightning at its top) loads Lightning before Hydra
+    # sets up logging; Lightning then gives its loggers a console handler of their own.
+    command = cli_command("train", "debug=fdr", log_dir=tmp_path, data_dir=data_dir)
+    script, args = command[1], command[2:]
+    wrapper = f"import lightning, runpy, sys; sys.argv = {[script, *args]!r}; runpy.run_path({script!r}, run_name='__main__')"
+    result = subprocess.run(
+        [sys.executable, "-c", wrapper], cwd=ROOT, env=cli_env(), capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    log_file = (only_run_dir(tmp_path, "debug") / "debug.log").read_text()
+    assert "`Trainer.fit` stopped" in log_file and "`Trainer.fit` stopped" not in result.stderr
 
 
 def test_runs_from_any_working_directory_with_seed_zero(tmp_path: Path, data_dir: Path):

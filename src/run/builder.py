@@ -76,9 +76,12 @@ def build(
 def prepare(cfg: DictConfig) -> None:
     """What happens before anything is instantiated: checks, extras, seed."""
     if HydraConfig.initialized():
-        # `import lightning` attaches a console handler of its own; Hydra's logging config already prints
-        # and files every record, so drop it rather than print each Lightning message twice.
-        logging.getLogger("lightning").handlers.clear()
+        # Imported before Hydra set up logging (by a module that imports lightning at its top), Lightning gives
+        # its loggers a console handler of their own and stops their records there: they would miss the run's
+        # log file. Hydra's handlers print and file every record, so Lightning's go to them.
+        for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
+            logging.getLogger(name).handlers.clear()
+            logging.getLogger(name).propagate = True
     preflight.check_run(cfg)
     apply_extras(cfg)
     if cfg.get("seed") is not None:  # seed 0 is a seed
