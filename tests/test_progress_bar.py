@@ -54,3 +54,24 @@ def test_the_training_thread_does_not_redraw_the_bar_each_epoch(tmp_path: Path, 
     assert len(renders) <= 4 * seconds + 3, (len(renders), seconds)
     last_drawn = re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", screen.getvalue()).replace("\r", "\n").splitlines()
     assert re.search(r"Epoch 5/5 .* 7/7 ", [line for line in last_drawn if "Epoch" in line][-1])  # complete
+
+
+def test_stopping_the_bar_does_not_wait_for_its_next_redraw(tmp_path: Path):
+    # One redraw every 20 s: Lightning's refresh thread sleeps that long, and the end of fit and of test
+    # waited for the sleep to end (at the default 4 redraws a second, up to 0.25 s twice in every run).
+    bar = RichProgressBar(refresh_rate=0.05, console_kwargs={"file": io.StringIO()})
+    trainer = L.Trainer(
+        max_epochs=1,
+        limit_train_batches=2,
+        limit_val_batches=1,
+        limit_test_batches=1,
+        callbacks=[bar],
+        logger=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
+    started = time.monotonic()
+    trainer.fit(BoringModel())
+    trainer.test(BoringModel(), verbose=False)
+    assert time.monotonic() - started < 10
