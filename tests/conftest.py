@@ -15,6 +15,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict
 
 import src  # noqa: F401 - registers the config resolvers
+from tests import cli_server
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG_DIR = ROOT / "configs"
@@ -26,6 +27,18 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # MLFLOW_ALLOW_FILE_STORE did). A test with a wandb logger passes `logger.wandb.offline=true`, as the config
 # documents, so it needs no login and no network (or, where Lightning refuses that, WANDB_MODE=offline for
 # that one command: see its comment).
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--fresh-processes",
+        action="store_true",
+        help="run every command as a fresh Python process instead of forking it from tests/cli_server.py",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    cli_server.CLIENT.enabled = not config.getoption("--fresh-processes")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -104,15 +117,19 @@ def run_cli(
     timeout: int = 300,
     launcher: Sequence[str] = (),
     env: dict[str, str] | None = None,
-):
+) -> subprocess.CompletedProcess:
     """Run `python src/<script>.py overrides...` as a user would; return the completed process.
 
     `launcher` goes between python and the script, e.g. `["-m", "torch.distributed.run", ...]` for torchrun.
+    A command without one starts from the fork server (tests/cli_server.py), else as a fresh process.
     """
     command = cli_command(script, *overrides, log_dir=log_dir, data_dir=data_dir, launcher=launcher)
-    return subprocess.run(
-        command, cwd=cwd, env=cli_env(**(env or {})), capture_output=True, text=True, timeout=timeout
-    )
+    full_env = cli_env(**(env or {}))
+    if not launcher:
+        done = cli_server.CLIENT.run(command[1:], cwd=cwd, env=full_env, timeout=timeout)
+        if done is not None:
+            return done
+    return subprocess.run(command, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
 
 
 def torchrun(*args: str) -> list[str]:

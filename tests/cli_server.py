@@ -1,0 +1,221 @@
+"""Start `python src/<script>.py ...` for the tests without paying for the third-party imports every time.
+
+Every command a test runs is a new Python process that imports torch, Lightning, torchvision and
+torchmetrics (4 s of CPU on the 2-core CI machine) before it does anything; with about 150 commands that
+was half of `make test`. This server imports those packages once, then forks one child per command. The
+child is the command as a user runs it in every other way: the same interpreter, `sys.argv`, `sys.path[0]`
+(the script's folder), working directory and environment, stdin from /dev/null, its output to its own
+files, `__main__` run from the script file, exit status as Python gives it (1 on an uncaught error), and
+atexit handlers run at exit. The project's own modules (`src`, `hydra_plugins`, `tests`) are never imported
+here, so each command imports them afresh, import-time code included.
+
+What a forked child cannot reproduce, it does not try: a command whose environment differs from the
+server's in a variable read when torch or its libraries load (`OMP_NUM_THREADS`, `TORCH_*`, `CUDA_*`, ...)
+runs as a fresh process instead, and so does any command when the server is busy or gone
+(`conftest.run_cli`). `pytest --fresh-processes` runs every command as a fresh process.
+"""
+
+import atexit
+import json
+import os
+import random
+import runpy
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import traceback
+from pathlib import Path
+
+# What every command imports before its first step (and nothing a run imports only sometimes).
+PRELOAD = ("torch", "torchvision", "torchmetrics", "lightning.pytorch", "hydra.utils", "omegaconf", "rich")
+
+# Environment variables read while these packages load; a command that sets them otherwise runs fresh.
+# (PYTHONPATH is not one: the child puts its entries on sys.path, as Python does at start.)
+IMPORT_TIME_PREFIXES = ("OMP_", "MKL_", "OPENBLAS_", "TORCH", "PYTORCH_", "CUDA_", "LD_", "PYTHON")
+
+
+def env_matters(name: str) -> bool:
+    """Whether the variable `name` is read when the preloaded packages are imported."""
+    return name.startswith(IMPORT_TIME_PREFIXES) and name != "PYTHONPATH"
+
+
+def _child(request: dict, protocol: list, import_output: bytes) -> None:
+    """Become the command of `request`; never returns (exits as Python would)."""
+    for pipe in protocol:
+        pipe.close()
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
+        out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(out, fd)
+        os.close(out)
+    os.write(2, import_output)  # what a fresh process would have printed while importing these packages
+    server_entries = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    # A fresh process seeds Python's and NumPy's global generators from the OS; the forked ones would all
+    # share the server's.
+    random.seed()
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed()
+    script, *args = request["argv"]
+    sys.argv = [script, *args]
+    # Python's start: the script's folder first, then PYTHONPATH's entries, then the installed packages.
+    command_entries = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
+    installed = sys.path[1 + len(server_entries) :]
+    sys.path[:] = [
+        os.path.dirname(os.path.abspath(script)),
+        *map(os.path.abspath, command_entries),
+        *installed,
+    ]
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except KeyboardInterrupt:
+        # Python reports an uncaught Ctrl+C by dying of SIGINT after printing the traceback.
+        traceback.print_exc()
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    except SystemExit:
+        raise
+    except BaseException:
+        sys.excepthook(*sys.exc_info())
+        sys.exit(1)
+    sys.exit(0)
+
+
+def serve() -> None:
+    """Read one JSON request a line on stdin; answer `{"pid": ...}` at the start, `{"returncode": ...}` at the end."""
+    # The protocol gets fds of its own; fds 0 and 1 are for the children (set per command).
+    requests = os.fdopen(os.dup(0), "r")
+    answers = os.fdopen(os.dup(1), "w")
+    null = os.open(os.devnull, os.O_RDWR)
+    os.dup2(null, 0)
+    os.dup2(null, 1)
+    os.close(null)
+
+    # Anything the imports print (a deprecation warning, say) is replayed into every command's stderr.
+    import importlib
+
+    with tempfile.TemporaryFile() as capture:
+        saved_stderr = os.dup(2)
+        os.dup2(capture.fileno(), 2)
+        for module in PRELOAD:
+            importlib.import_module(module)
+        sys.stderr.flush()
+        os.dup2(saved_stderr, 2)
+        os.close(saved_stderr)
+        capture.seek(0)
+        import_output = capture.read()
+
+    if threading.active_count() != 1 or len(os.listdir("/proc/self/task")) != 1:
+        print(
+            json.dumps({"error": "threads started while importing: forking is not safe"}),
+            file=answers,
+            flush=True,
+        )
+        return
+    print(json.dumps({"ready": True}), file=answers, flush=True)
+    protocol = [requests, answers]
+    for line in requests:
+        request = json.loads(line)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            _child(request, protocol, import_output)
+        print(json.dumps({"pid": pid}), file=answers, flush=True)
+        _, status = os.waitpid(pid, 0)
+        print(json.dumps({"returncode": os.waitstatus_to_exitcode(status)}), file=answers, flush=True)
+
+
+class Client:
+    """A test process's connection to its own server, started on first use and stopped at exit."""
+
+    def __init__(self) -> None:
+        self.process: subprocess.Popen | None = None
+        self.env: dict[str, str] = {}
+        self.enabled = True
+        self.busy = threading.Lock()
+
+    def _read(self, timeout: float | None = None) -> dict | None:
+        """The server's next answer; None when none came within `timeout` seconds."""
+        line = b""
+        while not line.endswith(b"\n"):
+            if not select.select([self.process.stdout], [], [], timeout)[0]:
+                return None
+            chunk = os.read(self.process.stdout.fileno(), 1)
+            if not chunk:
+                return {}  # the server is gone
+            line += chunk
+        return json.loads(line)
+
+    def _start(self) -> bool:
+        if self.process is None and self.enabled:
+            self.env = dict(os.environ)
+            self.process = subprocess.Popen(
+                [sys.executable, __file__],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                env=self.env,
+            )
+            atexit.register(self.stop)
+            if self._read().get("ready") is not True:
+                self.enabled = False  # it could not fork safely: every command runs fresh
+                self.stop()
+        return self.process is not None
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.stdin.close()
+            self.process.wait()
+            self.process = None
+
+    def run(
+        self, argv: list[str], cwd: Path, env: dict[str, str], timeout: float
+    ) -> subprocess.CompletedProcess | None:
+        """The finished command, or None when it must run as a fresh process (see cli_server.py)."""
+        if not self.busy.acquire(blocking=False):
+            return None
+        try:
+            if not self._start():
+                return None
+            names = {n for n in env.keys() | self.env.keys() if env_matters(n)}
+            if any(env.get(name) != self.env.get(name) for name in names):
+                return None
+            with tempfile.TemporaryDirectory() as out:
+                files = {"stdout": f"{out}/stdout", "stderr": f"{out}/stderr"}
+                request = {"argv": argv, "cwd": str(cwd), "env": env, **files}
+                self.process.stdin.write(json.dumps(request).encode() + b"\n")
+                self.process.stdin.flush()
+                started = self._read()
+                if "pid" not in started:  # the server is gone: this command runs fresh, and the next ones
+                    self.enabled = False
+                    self.process = None
+                    return None
+                done = self._read(timeout)
+                if done is None:
+                    os.kill(started["pid"], signal.SIGKILL)
+                    self._read()  # the killed child's exit
+                if done is not None and "returncode" not in done:
+                    raise RuntimeError(f"tests/cli_server.py died while running {argv}")
+                stdout, stderr = (Path(files[name]).read_text() for name in ("stdout", "stderr"))
+            if done is None:
+                raise subprocess.TimeoutExpired([sys.executable, *argv], timeout, stdout, stderr)
+            return subprocess.CompletedProcess([sys.executable, *argv], done["returncode"], stdout, stderr)
+        finally:
+            self.busy.release()
+
+
+CLIENT = Client()  # one per test process
+
+
+if __name__ == "__main__":
+    serve()
