@@ -10,7 +10,7 @@ import pytest
 import torch
 from hydra.utils import instantiate
 
-from src.data.classification_datamodule import split_batch_size
+from src.data.datamodule import split_batch_size
 from src.data.digits_datamodule import DigitsDataModule
 from src.data.mnist5k_datamodule import MNIST5kDataModule
 from tests.conftest import CONFIG_DIR, last_metrics, only_run_dir, run_cli
@@ -66,12 +66,12 @@ def test_in_memory_batches_are_the_sample_by_sample_loaders_batches_in_the_same_
 
 
 def test_batches_need_tensor_datasets():
-    from src.data.in_memory_datamodule import _tensors
+    from src.data.components.tensor_batches import tensors_of
 
     with pytest.raises(
         TypeError, match=r"data.loading=batches needs tensor datasets, but this split is a list"
     ):
-        _tensors([(torch.zeros(1), 0)])
+        tensors_of([(torch.zeros(1), 0)])
 
 
 def test_a_bad_loading_is_refused(data_dir: Path):
@@ -132,6 +132,10 @@ def data_writer(option: str) -> Callable[[Path], list[str]] | None:
     return getattr(importlib.import_module(module), "write_test_data", None)
 
 
+# The model a data option of another task than classification trains with (the classification options: the MLP).
+MODEL_FOR = {"digit_scenes": ["model=segmenter"]}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("option", DATA_OPTIONS)
 def test_the_overfit_preset_trains_on_every_data_option(option: str, tmp_path: Path, data_dir: Path):
@@ -142,7 +146,7 @@ def test_the_overfit_preset_trains_on_every_data_option(option: str, tmp_path: P
         "train",
         "debug=overfit",
         f"data={option}",
-        "model/net=mlp",
+        *MODEL_FOR.get(option, ["model/net=mlp"]),
         "trainer.max_epochs=2",
         *overrides,
         log_dir=tmp_path / "logs",

@@ -24,9 +24,13 @@ IMAGE_LOGGERS = (WandbLogger, TensorBoardLogger, MLFlowLogger)
 class PredictionPictures(L.Callback):
     """Confusion matrix and sample predictions for modules whose val/test steps return preds and targets.
 
-    The steps must return `{"preds": (B,) class indices, "targets": (B,)}` (ClassifierModule does). Class
+    The steps must return `{"preds": (B,) class indices, "targets": (B,)}` (TaskModule does). Class
     names come from the datamodule's `class_names` hyperparameter when it has one, else the indices.
     """
+
+    tasks = (
+        "classification",
+    )  # what it draws fits classifiers only (src/run/builder.py leaves it out elsewhere)
 
     def __init__(self, num_samples: int = 16, every_n_epochs: int = 1, save_dir: str | None = None) -> None:
         if num_samples < 0 or every_n_epochs < 1:

@@ -89,14 +89,13 @@ class TrainingGuards(L.Callback):
                 self._unread += 1
         if not (self._first_step and self.check_initial_loss):
             return
-        num_classes = pl_module.hparams.get("num_classes")
-        if num_classes and trainer.is_global_zero:
-            expected, value = math.log(num_classes), loss.item()
-            if not expected / 2 <= value <= expected * 2:
+        expected = getattr(pl_module, "initial_loss", lambda: None)()  # TaskModule.initial_loss
+        if expected is not None and trainer.is_global_zero:
+            (value, why), loss_value = expected, loss.item()
+            if not value / 2 <= loss_value <= value * 2:
                 log.warning(
-                    f"The first batch's loss is {value:.3g}, far from ln({num_classes}) = {expected:.3g}, what an "
-                    "untrained classifier should give: check the input normalisation (data.mean, data.std), "
-                    "the labels, and the net's last layer"
+                    f"The first batch's loss is {loss_value:.3g}, far from {why}: check the input normalisation "
+                    "(data.mean, data.std), the labels, and the net's last layer"
                 )
 
     def _stop(self, trainer: L.Trainer, loss: float | str) -> None:

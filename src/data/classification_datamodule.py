@@ -1,55 +1,18 @@
-"""Shared base of the classification datamodules: splits, the per-device batch size, DataLoader settings."""
+"""Base of the classification datamodules: (image, class index) samples, the class count checked against the
+labels."""
 
-import os
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
-import lightning as L
 import torch
-from torch.utils.data import DataLoader, Dataset, Subset, random_split
 
-from src.data.components.resumable import EpochShuffleSampler, ResumableBatchSampler, ResumableDataLoader
-
-
-def split_batch_size(batch_size: int, world_size: int) -> int:
-    """Split a global batch size evenly across devices, so results do not depend on the device count."""
-    if batch_size <= 0:
-        raise ValueError(f"data.batch_size={batch_size} must be a positive integer")
-    if batch_size % world_size:
-        raise ValueError(
-            f"data.batch_size={batch_size} is not divisible by {world_size} devices; "
-            f"choose a multiple of {world_size} (it is the global batch, split across devices)"
-        )
-    return batch_size // world_size
+from src.data.datamodule import DataModule
 
 
-def seeded_split(dataset: Dataset, lengths: Sequence[int | float], seed: int, name: str) -> list[Subset]:
-    """Split `dataset` by sizes or fractions, the same way on every run and every rank."""
-    total = len(dataset)
-    is_fractions = all(isinstance(n, float) for n in lengths)
-    if (is_fractions and abs(sum(lengths) - 1.0) > 1e-6) or (not is_fractions and sum(lengths) != total):
-        raise ValueError(
-            f"data.split={list(lengths)} does not fit {name}, which has {total} samples; "
-            f"give integer sizes that sum to {total} or fractions that sum to 1.0"
-        )
-    return random_split(dataset, list(lengths), generator=torch.Generator().manual_seed(seed))
+class ClassificationDataModule(DataModule):
+    """A DataModule (see there) of `(image, label)` samples with `num_classes` classes: a subclass implements
+    `load_datasets` and may check its labels with `_check_labels`."""
 
-
-class ClassificationDataModule(L.LightningDataModule):
-    """Base LightningDataModule for (image, label) datasets: a subclass implements `load_datasets`, nothing else.
-
-    `batch_size` is the global batch size; each of the world's processes loads `batch_size / world_size`.
-    The DataLoader settings are documented in configs/data/mnist5k.yaml. `drop_last` applies to the
-    training loader only: validation and test always see every sample. `split` and `split_seed` are for
-    subclasses that draw their splits from one pool (`seeded_split`). `augment=False` asks for training
-    samples without random augmentation (`debug=overfit` sets it): a subclass that augments honours it.
-    Override `inference_preprocessing` so that predict and export can read image files.
-    """
-
-    @property
-    def name(self) -> str:
-        """What error messages call the dataset: the class name, unless a subclass sets `name`."""
-        return type(self).__name__
+    task = "classification"
 
     def __init__(
         self,
@@ -65,46 +28,18 @@ class ClassificationDataModule(L.LightningDataModule):
         prefetch_factor: int | None = None,
         drop_last: bool = False,
     ) -> None:
-        super().__init__()
-        if num_workers < 0:
-            raise ValueError(f"data.num_workers={num_workers} must be 0 (load in the main process) or more")
-        if prefetch_factor is not None and prefetch_factor < 1:
-            raise ValueError(f"data.prefetch_factor={prefetch_factor} must be at least 1 (or null)")
-        # Every __init__ argument of the subclass too (Lightning collects them): stored in checkpoints.
-        self.save_hyperparameters(logger=False)
-        self.data_train: Dataset | None = None
-        self.data_val: Dataset | None = None
-        self.data_test: Dataset | None = None
-        self.batch_size_per_device = batch_size
-        self.collate_fn: Callable[[list[Any]], Any] | None = None  # None: PyTorch's default collate
-
-    def load_datasets(self) -> tuple[Dataset, Dataset, Dataset]:
-        """Return the (train, val, test) datasets of (float tensor of shape input_shape, int label) samples."""
-        raise NotImplementedError(f"{type(self).__name__} must implement load_datasets()")
-
-    def setup(self, stage: str | None = None) -> None:
-        world_size = self.trainer.world_size if self.trainer is not None else 1
-        self.batch_size_per_device = split_batch_size(self.hparams.batch_size, world_size)
-        if self.data_train is None:
-            self.data_train, self.data_val, self.data_test = self.load_datasets()
-            for split, dataset in (
-                ("train", self.data_train),
-                ("val", self.data_val),
-                ("test", self.data_test),
-            ):
-                if len(dataset) == 0:
-                    raise ValueError(
-                        f"the {split} split of {self.name} is empty; check data.split and its files"
-                    )
-            self._check_shapes(self.data_train)
-
-    def _check_shapes(self, dataset: Dataset) -> None:
-        image = dataset[0][0]
-        if list(image.shape) != list(self.hparams.input_shape):
-            raise ValueError(
-                f"data.input_shape={list(self.hparams.input_shape)} but {self.name} images have shape "
-                f"{list(image.shape)}; fix data.input_shape in the data config"
-            )
+        super().__init__(
+            input_shape=input_shape,
+            split=split,
+            split_seed=split_seed,
+            augment=augment,
+            batch_size=batch_size,
+            num_workers=num_workers,
+            pin_memory=pin_memory,
+            persistent_workers=persistent_workers,
+            prefetch_factor=prefetch_factor,
+            drop_last=drop_last,
+        )
 
     def _check_labels(self, labels: torch.Tensor) -> None:
         found = int(labels.max()) + 1
@@ -113,70 +48,3 @@ class ClassificationDataModule(L.LightningDataModule):
                 f"data.num_classes={self.hparams.num_classes} but {self.name} has {found} classes; "
                 f"fix data.num_classes in the data config"
             )
-
-    def _loader(self, dataset: Dataset | None, train: bool) -> DataLoader:
-        if dataset is None:
-            raise RuntimeError(f"{type(self).__name__}.setup() must run before asking for a DataLoader")
-        workers = self.hparams.num_workers
-        settings = {
-            "collate_fn": self.collate_fn,
-            "num_workers": workers,
-            "pin_memory": self.hparams.pin_memory,
-            # DataLoader refuses both without worker processes: only pass them when there are some.
-            "persistent_workers": self.hparams.persistent_workers and workers > 0,
-            "prefetch_factor": self.hparams.prefetch_factor if workers > 0 else None,
-        }
-        if not train:
-            return DataLoader(dataset, batch_size=self.batch_size_per_device, shuffle=False, **settings)
-        # Training: shuffled by (seed, epoch) and resumable mid-epoch (src/data/components/resumable.py).
-        seed = self._shuffle_seed()
-        sampler = EpochShuffleSampler(len(dataset), seed=seed)
-        batch_sampler = ResumableBatchSampler(sampler, self.batch_size_per_device, self.hparams.drop_last)
-        # A generator of its own: starting an epoch (worker seeds) then draws nothing from torch's global one,
-        # which the model's dropout and augmentations use, so resuming does not shift their random numbers.
-        generator = torch.Generator().manual_seed(seed)
-        return ResumableDataLoader(dataset, batch_sampler=batch_sampler, generator=generator, **settings)
-
-    def _shuffle_seed(self) -> int:
-        """The run's seed (`seed_everything` exports it); unseeded, a random one, or 0 under DDP, where every
-        rank must shuffle alike."""
-        if "PL_GLOBAL_SEED" in os.environ:
-            return int(os.environ["PL_GLOBAL_SEED"])
-        if self.trainer is not None and self.trainer.world_size > 1:
-            return 0
-        return int(torch.randint(0, 2**62, ()).item())
-
-    def inference_preprocessing(self) -> dict[str, Any]:
-        """How predict and export turn one image file into the net's input; stored in the model's checkpoints
-        (ClassifierModule.setup), so a checkpoint needs neither this class nor its data to predict.
-
-        Keys: `image_mode` (PIL mode the file is converted to: "L", "RGB"), `input_shape` ([C, H, W]),
-        `collate` ("stack" or "pad", see data/components/collate.py) and `transform` (a transforms-v2 config
-        from a PIL image to the float tensor `load_datasets` gives; plain data, e.g. built with
-        data.components.image_dataset.compose). A subclass that reads image files returns what its test
-        images go through (InMemoryDataModule's is an example).
-
-        This default cannot know how a subclass made its tensors (scaled how, normalised with what, or not
-        from images at all), and a guess would give wrong predictions without an error. So its `transform`
-        is None: training, eval, and predict and export on the test split work; image files are refused,
-        naming this class.
-        """
-        return {
-            "input_shape": list(self.hparams.input_shape),
-            "image_mode": None,
-            "collate": "stack",
-            "transform": None,
-        }
-
-    def predict_dataloader(self) -> DataLoader:
-        """The predict set is the test split: predictions line up with `trainer.test`'s samples."""
-        return self._loader(self.data_test, train=False)
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader(self.data_train, train=True)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader(self.data_val, train=False)
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader(self.data_test, train=False)

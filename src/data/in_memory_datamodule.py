@@ -6,11 +6,11 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
-from torch.utils.data import Dataset, Subset, TensorDataset
+from torch.utils.data import TensorDataset
 
 from src.data.classification_datamodule import ClassificationDataModule
 from src.data.components.image_dataset import TO_FLOAT, TO_IMAGE, compose
+from src.data.components.tensor_batches import TensorBatches, keep_batch, tensors_of
 
 
 class InMemoryDataModule(ClassificationDataModule):
@@ -77,7 +77,7 @@ class InMemoryDataModule(ClassificationDataModule):
             if self.hparams.loading == "device" and self.trainer is not None:
                 device = self.trainer.strategy.root_device
             self.data_train, self.data_val, self.data_test = (
-                TensorBatches(*_tensors(split), device=device)
+                TensorBatches(*tensors_of(split), device=device)
                 for split in (self.data_train, self.data_val, self.data_test)
             )
 
@@ -114,37 +114,6 @@ def standard_transform(size: list[int], mean: list[float], std: list[float]) -> 
         {"_target_": "torchvision.transforms.v2.Resize", "size": list(size), "antialias": True},
         TO_FLOAT,
         {"_target_": "torchvision.transforms.v2.Normalize", "mean": list(mean), "std": list(std)},
-    )
-
-
-class TensorBatches(TensorDataset):
-    """A TensorDataset that serves whole batches: the DataLoader hands `__getitems__` a batch's indices, and
-    each tensor is indexed once, instead of `batch_size` calls to `__getitem__` and a collate."""
-
-    def __init__(self, *tensors: Tensor, device: torch.device | None = None) -> None:
-        super().__init__(*(t.to(device) if device is not None else t for t in tensors))
-
-    def __getitems__(self, indices: list[int]) -> list[Tensor]:
-        index = torch.as_tensor(indices, device=self.tensors[0].device)
-        return [tensor[index] for tensor in self.tensors]
-
-
-def keep_batch(batch: list[Tensor]) -> list[Tensor]:
-    """The collate of TensorBatches: its batches are made already. (A function, so worker processes can
-    pickle it.)"""
-    return batch
-
-
-def _tensors(dataset: Dataset) -> tuple[Tensor, ...]:
-    """The rows of a TensorDataset, or of a Subset of one, in the dataset's order, as contiguous tensors."""
-    if isinstance(dataset, Subset):
-        index = torch.as_tensor(dataset.indices)
-        return tuple(tensor[index] for tensor in _tensors(dataset.dataset))
-    if isinstance(dataset, TensorDataset):
-        return dataset.tensors
-    raise TypeError(
-        f"data.loading=batches needs tensor datasets, but this split is a {type(dataset).__name__}; "
-        "use data.loading=samples"
     )
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from src.data.classification_datamodule import seeded_split
+from src.data.datamodule import seeded_split
 from src.data.in_memory_datamodule import InMemoryDataModule, normalized_dataset
 
 log = logging.getLogger(__name__)

@@ -5,7 +5,7 @@ from typing import Any
 
 from torch.utils.data import Dataset
 
-from src.data.classification_datamodule import seeded_split
+from src.data.datamodule import seeded_split
 from src.data.in_memory_datamodule import InMemoryDataModule, normalized_dataset
 
 IDX_FILES = (

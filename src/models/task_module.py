@@ -1,0 +1,238 @@
+"""What the LightningModule of every supervised task shares (classification, segmentation, your next one).
+
+A task module subclasses `TaskModule` and says three things: how a batch becomes a loss, predictions and
+targets (`step`), which metrics each stage tracks (`stage_metrics`), and what a prediction is
+(`predict_step`). Everything else is here: the net, optimizer and scheduler built from configs kept as plain
+data, torch.compile and channels-last, a loss mean and the metrics per stage, updated each step and logged
+once an epoch, their states in checkpoints, and the best value so far of the watched metric.
+"""
+
+from typing import Any
+
+import hydra
+import lightning as L
+import torch
+from omegaconf import DictConfig, OmegaConf
+from torch import Tensor
+from torchmetrics import MaxMetric, MeanMetric, Metric, MinMetric
+
+from src.data.components.labels import names_or_indices
+
+STAGES = ("train", "val", "test")
+
+
+def plain(config: Any) -> Any:
+    """A config as plain dicts and lists, so checkpoints hold only data that `weights_only=True` loads."""
+    if isinstance(config, DictConfig) or OmegaConf.is_config(config):
+        return OmegaConf.to_container(config, resolve=True)
+    return config
+
+
+class TaskModule(L.LightningModule):
+    """Base LightningModule whose net, optimizer and scheduler are Hydra configs.
+
+    The module instantiates them itself and saves only their configs, with the subclass's own arguments
+    (`task_hparams`), as hyperparameters: a checkpoint then holds plain data (no pickled modules or
+    partials), loads with `weights_only=True`, and `<Module>.load_from_checkpoint(path)` rebuilds the same net.
+
+    `monitor` and `mode`: the validation metric whose best value so far is logged as `<monitor>_best`, and
+    which way it is better (max or min). `preprocessing` need not be given: it is taken from the datamodule
+    when training starts and saved with every checkpoint, so that predict and export need nothing else.
+    """
+
+    task = "any"  # the kind of task, for callbacks that fit only some (classification, segmentation)
+
+    def __init__(
+        self,
+        net: dict,
+        optimizer: dict,
+        scheduler: dict | None = None,
+        scheduler_config: dict | None = None,
+        compile: bool = False,
+        channels_last: bool = False,
+        preprocessing: dict | None = None,
+        monitor: str = "val/loss",
+        mode: str = "min",
+        **task_hparams: Any,
+    ) -> None:
+        if mode not in ("max", "min"):
+            raise ValueError(f"mode={mode} is not valid; choose max or min")
+        super().__init__()
+        self.save_hyperparameters(
+            {
+                "net": plain(net),
+                "optimizer": plain(optimizer),
+                "scheduler": plain(scheduler),
+                "scheduler_config": plain(scheduler_config),
+                "compile": compile,
+                "channels_last": channels_last,
+                "preprocessing": plain(preprocessing),
+                "monitor": monitor,
+                "mode": mode,
+                **{name: plain(value) for name, value in task_hparams.items()},
+            },
+            logger=False,  # the builder logs the whole resolved run config instead
+        )
+        self.net = hydra.utils.instantiate(self.hparams.net)
+        # One metric object per stage and name (`train_loss`, `val_acc`, ...): torchmetrics keeps their states
+        # apart and syncs them across ranks. No NaN check in the loss means: it would read the value back to the
+        # host every step (a GPU sync); the training_guards callback stops on a NaN loss instead.
+        self.metric_names: dict[str, list[str]] = {}
+        for stage in STAGES:
+            metrics = {"loss": MeanMetric(nan_strategy="disable"), **self.stage_metrics(stage)}
+            for name, metric in metrics.items():
+                setattr(self, f"{stage}_{name}", metric)
+            self.metric_names[stage] = list(metrics)
+        self.monitor_best = MaxMetric() if mode == "max" else MinMetric()
+        # Training metric states go into checkpoints: a run resumed mid-epoch (or after its best epoch)
+        # reports the same epoch means and best value as an uninterrupted one.
+        for name in self.metric_names["train"]:
+            self.metric("train", name).persistent(True)
+        self.monitor_best.persistent(True)
+
+    # --- what a task says ---
+
+    def stage_metrics(self, stage: str) -> dict[str, Metric]:
+        """The metrics of `stage` (train, val, test) by name, each updated with `(preds, targets)` of `step`.
+        A metric that computes one value per class is logged as `<stage>/<name>_<class name>`."""
+        return {}
+
+    def step(self, batch: Any) -> tuple[Tensor, Tensor, Tensor]:
+        """The batch's loss, the predictions the metrics take, and the targets."""
+        raise NotImplementedError(f"{type(self).__name__} must implement step()")
+
+    def initial_loss(self) -> tuple[float, str] | None:
+        """What the loss of the untrained model should be about, and why, for the training guard's first-step
+        check (callbacks/training_guards.py); None: no expectation."""
+        return None
+
+    def label_names(self) -> list[str] | None:
+        """The names of the classes (or other outputs) per-class metrics are logged under; None: indices."""
+        return self.hparams.get("class_names")
+
+    # --- the shared machinery ---
+
+    def metric(self, stage: str, name: str) -> Metric:
+        return getattr(self, f"{stage}_{name}")
+
+    def setup(self, stage: str) -> None:
+        # How inference turns an input file into the net's input, and what the classes are called (for a task
+        # with `num_classes` and `class_names` arguments): the datamodule says, once it is set up;
+        # its answer goes into checkpoints, with the datamodule's class, which an error can then name. A
+        # datamodule without the method (any LightningDataModule) is recorded as one that does not know:
+        # input files are then refused, not guessed.
+        datamodule = self.trainer.datamodule if self._trainer is not None else None
+        if datamodule is not None:
+            known = getattr(datamodule, "inference_preprocessing", lambda: None)()
+            owner = f"{type(datamodule).__module__}.{type(datamodule).__qualname__}"
+            self.hparams.preprocessing = {"datamodule": owner, **(known or {"transform": None})}
+            if (
+                "class_names" in self.hparams and "num_classes" in self.hparams
+            ):  # a task whose outputs are classes
+                names = datamodule.hparams.get("class_names")
+                self.hparams.class_names = names_or_indices(names, self.hparams.num_classes)
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # A net compiled with torch.compile(net) by other code saves its weights under `_orig_mod.`; this
+        # module compiles in place (configure_model), so drop the prefix and either kind loads.
+        state = checkpoint.get("state_dict", {})
+        for name in [name for name in state if "_orig_mod." in name]:
+            state[name.replace("_orig_mod.", "")] = state.pop(name)
+
+    def configure_model(self) -> None:
+        # Compiled in place (nn.Module.compile), in every process once the strategy has set up: the
+        # parameter names stay those of the plain net (no `_orig_mod.` prefix), so checkpoints of compiled
+        # and plain runs load into each other.
+        if self.hparams.get("channels_last"):
+            self.net.to(memory_format=torch.channels_last)
+        if self.hparams.compile:
+            self.net.compile()
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.hparams.get("channels_last") and x.dim() == 4:
+            x = x.contiguous(
+                memory_format=torch.channels_last
+            )  # the layout the converted convs run fastest on
+        return self.net(x)
+
+    # Steps only update the metrics' states (on the device, no host sync); each epoch's values are computed
+    # and logged once, at its end: logging a Metric object every step costs Lightning a fixed overhead per call
+    # that shows on small models (figures: README, "Performance").
+
+    def _update(self, stage: str, loss: Tensor, preds: Tensor, targets: Tensor) -> None:
+        self.metric(stage, "loss").update(loss.detach())
+        for name in self.metric_names[stage][1:]:
+            self.metric(stage, name).update(preds, targets)
+
+    def _reset(self, stage: str) -> None:
+        for name in self.metric_names[stage]:
+            self.metric(stage, name).reset()
+
+    def _log_stage(self, stage: str) -> dict[str, Tensor]:
+        """Compute and log the epoch's values of `stage`; return the single-valued ones by logged name."""
+        logged = {}
+        for name in self.metric_names[stage]:
+            value = self.metric(stage, name).compute()
+            # compute() synced the metric states across ranks, so every rank holds the global value already;
+            # sync_dist averages those equal values (one small all-reduce per epoch) and keeps Lightning from
+            # warning that epoch-level values are not synced.
+            if value.dim() == 0:
+                self.log(f"{stage}/{name}", value, prog_bar=stage != "test", sync_dist=True)
+                logged[f"{stage}/{name}"] = value
+                continue
+            labels = names_or_indices(self.label_names(), len(value))
+            for label, per_class in zip(labels, value, strict=True):
+                self.log(f"{stage}/{name}_{label}", per_class, sync_dist=True)
+        return logged
+
+    def on_train_epoch_start(self) -> None:
+        # A new epoch's means start empty. (Lightning skips this hook when it resumes in the middle of an
+        # epoch, where the checkpointed states hold that epoch's first part.)
+        self._reset("train")
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        loss, preds, targets = self.step(batch)
+        self._update("train", loss, preds, targets)
+        return loss
+
+    def on_train_epoch_end(self) -> None:
+        self._log_stage("train")
+
+    def on_validation_epoch_start(self) -> None:
+        self._reset("val")
+
+    def validation_step(self, batch: Any, batch_idx: int) -> dict[str, Tensor]:
+        loss, preds, targets = self.step(batch)
+        self._update("val", loss, preds, targets)
+        return {"preds": preds, "targets": targets}  # for callbacks (prediction pictures)
+
+    def on_validation_epoch_end(self) -> None:
+        logged = self._log_stage("val")
+        monitor = self.hparams.monitor
+        # The sanity check's two batches do not count towards the best; a monitor logged elsewhere (by a
+        # callback, or in training) has no best here.
+        if self.trainer.sanity_checking or monitor not in logged:
+            return
+        self.monitor_best(logged[monitor])
+        self.log(f"{monitor}_best", self.monitor_best.compute(), prog_bar=True, sync_dist=True)
+
+    def on_test_epoch_start(self) -> None:
+        self._reset("test")
+
+    def test_step(self, batch: Any, batch_idx: int) -> dict[str, Tensor]:
+        loss, preds, targets = self.step(batch)
+        self._update("test", loss, preds, targets)
+        return {"preds": preds, "targets": targets}
+
+    def on_test_epoch_end(self) -> None:
+        self._log_stage("test")
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        optimizer = hydra.utils.instantiate(self.hparams.optimizer)(params=self.trainer.model.parameters())
+        if self.hparams.scheduler is None:
+            return {"optimizer": optimizer}
+        scheduler = hydra.utils.instantiate(self.hparams.scheduler)(optimizer=optimizer)
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": scheduler, **(self.hparams.scheduler_config or {})},
+        }
