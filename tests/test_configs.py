@@ -70,12 +70,20 @@ def test_data_options_instantiate(compose_cfg, option):
     assert isinstance(datamodule, L.LightningDataModule)
 
 
+# The data options each model option is checked with: (data, input batch shape, output shape).
+MODEL_CHECKS = {
+    "classifier": [("mnist5k", (2, 1, 28, 28), (2, 10)), ("digits", (2, 1, 8, 8), (2, 10))],
+    "segmenter": [("digit_scenes", (2, 1, 64, 64), (2, 11, 64, 64))],
+}
+
+
 @pytest.mark.parametrize("option", options("model"))
 def test_model_options_instantiate_and_fit_the_data(compose_cfg, option):
-    for data, shape in (("mnist5k", (2, 1, 28, 28)), ("digits", (2, 1, 8, 8))):
+    assert option in MODEL_CHECKS, f"model={option}: add the data it is checked with to MODEL_CHECKS"
+    for data, shape, output in MODEL_CHECKS[option]:
         model = instantiate(compose_cfg("train", [f"model={option}", f"data={data}"]).model)
         model.eval()
-        assert model(torch.zeros(shape)).shape == (2, 10)
+        assert model(torch.zeros(shape)).shape == output
 
 
 def test_channels_last_converts_the_convs_and_gives_the_same_outputs(compose_cfg):

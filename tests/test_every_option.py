@@ -64,8 +64,16 @@ def walk(group: str, choices: list[str], *overrides: str, tmp_path: Path, data_d
     return rows
 
 
-# Options walked on their own, with the override a user gives them (a key the group's other options lack).
-ALONE = {("logger", "wandb"): ["logger.wandb.offline=true"]}  # no wandb login here: offline, as documented
+# Options walked apart from the group's others, with the overrides a user gives them: a key the group's other
+# options lack, or the data and model of another task than the default classification.
+SEGMENTATION = ["data=digit_scenes", "model=segmenter"]
+ALONE = {
+    ("logger", "wandb"): ["logger.wandb.offline=true"],  # no wandb login here: offline, as documented
+    ("data", "digit_scenes"): ["model=segmenter"],
+    ("model", "segmenter"): ["data=digit_scenes"],
+    ("model/net", "unet"): SEGMENTATION,
+    ("model/net", "lraspp"): SEGMENTATION,
+}
 
 
 @pytest.mark.slow
@@ -73,11 +81,14 @@ ALONE = {("logger", "wandb"): ["logger.wandb.offline=true"]}  # no wandb login h
 def test_every_option_of_the_group_runs_or_says_what_it_needs(group: str, tmp_path: Path, data_dir: Path):
     choices = [option for option in options(group) if (group, option) not in ALONE]
     rows = walk(group, choices, *GROUPS[group], tmp_path=tmp_path / "together", data_dir=data_dir)
+    apart: dict[tuple[str, ...], list[str]] = {}  # options that share their overrides are walked together
     for (alone_group, option), overrides in ALONE.items():
         if alone_group == group:
-            rows |= walk(
-                group, [option], *GROUPS[group], *overrides, tmp_path=tmp_path / option, data_dir=data_dir
-            )
+            apart.setdefault(tuple(overrides), []).append(option)
+    for i, (overrides, together) in enumerate(apart.items()):
+        rows |= walk(
+            group, together, *GROUPS[group], *overrides, tmp_path=tmp_path / f"apart{i}", data_dir=data_dir
+        )
     problems = []
     for option, row in rows.items():
         needs = NEEDS_SOMETHING.get((group, option))

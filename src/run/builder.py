@@ -99,12 +99,40 @@ def instantiate_run(run: Run, trainer: bool) -> None:
     if run.model is None:
         log.info(f"Instantiating model <{cfg.model._target_}>")
         run.model = instantiate(cfg.model)
+    check_same_task(run.model, run.datamodule)
     if trainer:
-        callbacks = instantiate_group(cfg.get("callbacks"), "callbacks")
+        callbacks = for_this_task(instantiate_group(cfg.get("callbacks"), "callbacks"), run.model)
         loggers = instantiate_group(cfg.get("logger"), "logger")
         log.info(f"Instantiating trainer <{cfg.trainer._target_}>")
         run.trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
         skip_idle_batch_hooks(run.trainer)
+
+
+def check_same_task(model: L.LightningModule, datamodule: L.LightningDataModule | None) -> None:
+    """An error when the data's samples are for another task than the model's (when both say which)."""
+    data_task, model_task = getattr(datamodule, "task", None), getattr(model, "task", None)
+    if data_task and model_task and data_task != model_task:
+        raise ValueError(
+            f"the data ({type(datamodule).__name__}) gives {data_task} samples but the model "
+            f"({type(model).__name__}) is a {model_task} model; choose a model option for {data_task} "
+            "(model=classifier, model=segmenter) or other data"
+        )
+
+
+def for_this_task(callbacks: list[L.Callback], model: L.LightningModule) -> list[L.Callback]:
+    """The callbacks that fit the model's task: one that lists the tasks it fits (`tasks`, e.g.
+    ("classification",)) is left out, with one info line, when the model's `task` is not among them."""
+    task = getattr(model, "task", None)
+    fitting = []
+    for callback in callbacks:
+        tasks = getattr(callback, "tasks", None)
+        if tasks is not None and task not in tasks:
+            log.info(
+                f"{type(callback).__name__} fits {' and '.join(tasks)} models, not {task}: it is left out of this run"
+            )
+            continue
+        fitting.append(callback)
+    return fitting
 
 
 # The hooks Lightning calls on every callback at every batch.
