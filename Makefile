@@ -29,16 +29,14 @@ $(SETTINGS): FORCE
 	@mkdir -p $(VENV)
 	@echo "LOCK=$(LOCK)" | cmp -s - $@ || echo "LOCK=$(LOCK)" > $@
 
-# --no-compile: Python compiles each module the first time it is imported instead of pip compiling every
-# module of every package (most never imported) at install: 50 s less on 2 cores.
 $(STAMP): pyproject.toml requirements.lock $(SETTINGS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --no-compile -e . $(if $(LOCK),-c $(LOCK))
+	$(PY) -m pip install -e . $(if $(LOCK),-c $(LOCK))
 	touch $@
 
 $(TEST_STAMP): pyproject.toml requirements.lock $(SETTINGS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --no-compile -e ".[$(TEST_EXTRAS)]" $(if $(LOCK),-c $(LOCK))
+	$(PY) -m pip install -e ".[$(TEST_EXTRAS)]" $(if $(LOCK),-c $(LOCK))
 	touch $(STAMP) $@
 
 install: $(STAMP)  ## create .venv and install the project with the pinned dependencies (what train needs)
