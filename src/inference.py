@@ -125,7 +125,8 @@ def with_run_config(cfg: DictConfig, source: Source, groups: tuple[str, ...]) ->
 
 def load_model(source: Source, module: str | None = None) -> LightningModule:
     """The trained LightningModule in eval mode, on the CPU, without torch.compile."""
-    target = module or ((source.run_config or {}).get("model") or {}).get("_target_") or DEFAULT_MODULE
+    # The run dir's record says which class trained it; `module` is for a checkpoint outside a run dir.
+    target = ((source.run_config or {}).get("model") or {}).get("_target_") or module or DEFAULT_MODULE
     cls = get_class(target)
     hparams = load_checkpoint(source.checkpoint).get("hyper_parameters") or {}
     overrides = {"compile": False} if "compile" in hparams else {}  # eager, whatever training used
@@ -136,6 +137,17 @@ def load_model(source: Source, module: str | None = None) -> LightningModule:
             "it was saved by an older version of this template: retrain, or evaluate it with eval.py"
         )
     return model.eval()
+
+
+def require_classifier(model: LightningModule, what: str) -> None:
+    """An error for a model of another task than classification, which `what` (predict, export) cannot
+    handle yet."""
+    task = getattr(model, "task", "classification")
+    if task != "classification":
+        raise NotImplementedError(
+            f"{what} handles classification models; this checkpoint's {type(model).__name__} is a {task} model "
+            "(its test metrics: src/eval.py run_dir=<run>)"
+        )
 
 
 def class_names(model: LightningModule) -> list[str]:

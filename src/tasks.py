@@ -65,6 +65,7 @@ def predict(cfg: DictConfig) -> list[dict[str, Any]]:
     predictions as CSV and JSON into this run's directory."""
     source = inference.locate(cfg)
     model = inference.load_model(source, cfg.get("module"))
+    inference.require_classifier(model, "predict")
     if cfg.get("compile"):
         model.net.compile()
     names = inference.class_names(model)
@@ -96,6 +97,7 @@ def export(cfg: DictConfig) -> Path:
     fmt = exporters.FORMATS[name]
     source = inference.locate(cfg)
     model = inference.load_model(source, cfg.get("module"))
+    inference.require_classifier(model, "export")
     artifact = Path(cfg.output) if cfg.get("output") else source.checkpoint.with_suffix(fmt.suffix)
     if artifact.exists() and not cfg.get("overwrite"):
         raise FileExistsError(

@@ -192,3 +192,15 @@ def test_class_weights_must_give_one_weight_per_class():
         SegmenterModule(
             net={"_target_": "torch.nn.Identity"}, optimizer={}, num_classes=3, class_weights=[0.1, 1]
         )
+
+
+@pytest.mark.parametrize("script", ["predict", "export"])
+def test_predict_and_export_refuse_a_segmentation_run_clearly(
+    segment_run: Path, tmp_path: Path, data_dir: Path, script: str
+):
+    result = run_cli(script, f"run_dir={segment_run}", log_dir=tmp_path, data_dir=data_dir)
+    assert result.returncode != 0
+    assert f"{script} handles classification models; this checkpoint's SegmenterModule is a segmentation" in (
+        result.stderr
+    )
+    assert not list(segment_run.glob("checkpoints/*.onnx"))  # nothing written
