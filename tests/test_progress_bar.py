@@ -28,21 +28,24 @@ def renders(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return threads
 
 
-def test_the_training_thread_does_not_redraw_the_bar_each_epoch(tmp_path: Path, renders: list[str]):
-    screen = io.StringIO()
-    bar = RichProgressBar(
-        refresh_rate=4, console_kwargs={"force_terminal": True, "file": screen, "width": 120}
-    )
-    trainer = L.Trainer(
-        max_epochs=6,
-        limit_train_batches=7,
-        limit_val_batches=2,
+def bare_trainer(bar: RichProgressBar, tmp_path: Path, **loops: int) -> L.Trainer:
+    """A Trainer with the bar as its only callback, no logger and no checkpoints."""
+    return L.Trainer(
         callbacks=[bar],
         logger=False,
         enable_checkpointing=False,
         enable_model_summary=False,
         default_root_dir=tmp_path,
+        **loops,
     )
+
+
+def test_the_training_thread_does_not_redraw_the_bar_each_epoch(tmp_path: Path, renders: list[str]):
+    screen = io.StringIO()
+    bar = RichProgressBar(
+        refresh_rate=4, console_kwargs={"force_terminal": True, "file": screen, "width": 120}
+    )
+    trainer = bare_trainer(bar, tmp_path, max_epochs=6, limit_train_batches=7, limit_val_batches=2)
     started = time.monotonic()
     trainer.fit(BoringModel())
     seconds = time.monotonic() - started
@@ -60,16 +63,8 @@ def test_stopping_the_bar_does_not_wait_for_its_next_redraw(tmp_path: Path):
     # One redraw every 20 s: Lightning's refresh thread sleeps that long, and the end of fit and of test
     # waited for the sleep to end (at the default 4 redraws a second, up to 0.25 s twice in every run).
     bar = RichProgressBar(refresh_rate=0.05, console_kwargs={"file": io.StringIO()})
-    trainer = L.Trainer(
-        max_epochs=1,
-        limit_train_batches=2,
-        limit_val_batches=1,
-        limit_test_batches=1,
-        callbacks=[bar],
-        logger=False,
-        enable_checkpointing=False,
-        enable_model_summary=False,
-        default_root_dir=tmp_path,
+    trainer = bare_trainer(
+        bar, tmp_path, max_epochs=1, limit_train_batches=2, limit_val_batches=1, limit_test_batches=1
     )
     started = time.monotonic()
     trainer.fit(BoringModel())

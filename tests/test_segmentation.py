@@ -204,3 +204,12 @@ def test_predict_and_export_refuse_a_segmentation_run_clearly(
         result.stderr
     )
     assert not list(segment_run.glob("checkpoints/*.onnx"))  # nothing written
+
+
+def test_a_mask_value_that_is_neither_a_class_nor_ignored_is_named_with_its_file(data_dir: Path):
+    datamodule = scenes_module(data_dir)
+    datamodule.check_mask(torch.tensor([[0, 10], [255, 3]]), "a.png")  # classes and ignore_index pass
+    with pytest.raises(
+        ValueError, match=r"a.png has mask value\(s\) 11, 12, which are neither a class \(0..10"
+    ):
+        datamodule.check_mask(torch.tensor([[0, 11], [12, 255]]), "a.png")

@@ -2,6 +2,7 @@
 labels."""
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -14,32 +15,9 @@ class ClassificationDataModule(DataModule):
 
     task = "classification"
 
-    def __init__(
-        self,
-        num_classes: int,
-        input_shape: Sequence[int],
-        split: Sequence[int | float] | None = None,
-        split_seed: int = 42,
-        augment: bool = True,
-        batch_size: int = 64,
-        num_workers: int = 0,
-        pin_memory: bool = False,
-        persistent_workers: bool = False,
-        prefetch_factor: int | None = None,
-        drop_last: bool = False,
-    ) -> None:
-        super().__init__(
-            input_shape=input_shape,
-            split=split,
-            split_seed=split_seed,
-            augment=augment,
-            batch_size=batch_size,
-            num_workers=num_workers,
-            pin_memory=pin_memory,
-            persistent_workers=persistent_workers,
-            prefetch_factor=prefetch_factor,
-            drop_last=drop_last,
-        )
+    def __init__(self, num_classes: int, input_shape: Sequence[int], **settings: Any) -> None:
+        """`settings`: the DataModule's (split, batch_size, num_workers, ...; see there)."""
+        super().__init__(input_shape=input_shape, **settings)
 
     def _check_labels(self, labels: torch.Tensor) -> None:
         found = int(labels.max()) + 1

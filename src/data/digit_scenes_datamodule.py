@@ -182,7 +182,8 @@ class DigitScenesDataModule(SegmentationDataModule):
                 images = (images - self.hparams.mean) / self.hparams.std
                 masks = torch.from_numpy(
                     cached[f"{stage}_masks"]
-                )  # uint8: the module makes them long per batch
+                )  # uint8; the module makes each batch's long
+                self.check_mask(masks, f"{self.cache_file} ({stage} masks)")
                 splits.append(TensorBatches(images, masks))
         return tuple(splits)
 

@@ -1,6 +1,7 @@
 """Base of the segmentation datamodules: (image, mask) samples whose masks hold a class index per pixel."""
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -22,16 +23,9 @@ class SegmentationDataModule(DataModule):
         input_shape: Sequence[int],
         ignore_index: int = 255,
         class_names: Sequence[str] | None = None,
-        split: Sequence[int | float] | None = None,
-        split_seed: int = 42,
-        augment: bool = True,
-        batch_size: int = 16,
-        num_workers: int = 0,
-        pin_memory: bool = False,
-        persistent_workers: bool = False,
-        prefetch_factor: int | None = None,
-        drop_last: bool = False,
+        **settings: Any,
     ) -> None:
+        """`settings`: the DataModule's (split, batch_size, num_workers, ...; see there)."""
         if num_classes < 2:
             raise ValueError(f"data.num_classes={num_classes} must be at least 2 (background and one class)")
         if 0 <= ignore_index < num_classes:
@@ -44,18 +38,7 @@ class SegmentationDataModule(DataModule):
                 f"data.class_names has {len(class_names)} names but data.num_classes={num_classes}; give one "
                 "name per class, in index order, or null"
             )
-        super().__init__(
-            input_shape=input_shape,
-            split=split,
-            split_seed=split_seed,
-            augment=augment,
-            batch_size=batch_size,
-            num_workers=num_workers,
-            pin_memory=pin_memory,
-            persistent_workers=persistent_workers,
-            prefetch_factor=prefetch_factor,
-            drop_last=drop_last,
-        )
+        super().__init__(input_shape=input_shape, **settings)
 
     def check_mask(self, mask: torch.Tensor, where: str) -> None:
         """An error naming `where` (the mask's file) when a value is neither a class nor `ignore_index`."""
