@@ -2,6 +2,7 @@
 shipped digits, the U-Net segmenter, its metrics, and what is refused with a clear message."""
 
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -9,7 +10,9 @@ import pytest
 import torch
 
 from src.data.digit_scenes_datamodule import CLASS_NAMES, DigitScenesDataModule, build_scenes
+from src.models.components.torchvision_segmentation import TorchvisionSegmentation
 from src.models.components.unet import UNet
+from src.models.segmenter_module import SegmenterModule
 from tests.conftest import last_metrics, only_run_dir, run_cli
 
 # A few scenes: enough for every class to appear in each split, seconds to train.
@@ -154,8 +157,6 @@ def test_the_first_loss_check_expects_ln_num_classes_per_pixel_plus_the_dice_los
 
 
 def test_the_dice_loss_is_0_for_a_perfect_prediction_and_near_1_for_a_uniform_one():
-    from src.models.segmenter_module import SegmenterModule
-
     module = SegmenterModule(
         net={"_target_": "torch.nn.Identity"}, optimizer={}, num_classes=3, dice_weight=1.0
     )
@@ -184,8 +185,6 @@ def test_bad_scene_settings_are_refused_naming_the_key(data_dir: Path, key: str,
 
 
 def test_class_weights_must_give_one_weight_per_class():
-    from src.models.segmenter_module import SegmenterModule
-
     with pytest.raises(
         ValueError, match=r"model.class_weights=\[0.1, 1\] must give one weight >= 0 per class \(3\)"
     ):
@@ -213,3 +212,44 @@ def test_a_mask_value_that_is_neither_a_class_nor_ignored_is_named_with_its_file
         ValueError, match=r"a.png has mask value\(s\) 11, 12, which are neither a class \(0..10"
     ):
         datamodule.check_mask(torch.tensor([[0, 11], [12, 255]]), "a.png")
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (
+            lambda d: DigitScenesDataModule(str(d), num_classes=10),
+            "data.num_classes=10 but digit scenes have 11",
+        ),
+        (lambda d: DigitScenesDataModule(str(d), num_classes=1), "data.num_classes=1 must be at least 2"),
+        (
+            lambda d: DigitScenesDataModule(str(d), input_shape=[1, 64, 32]),
+            "data.input_shape=[1, 64, 32]: digit",
+        ),
+        (
+            lambda d: DigitScenesDataModule(str(d), scenes=[10, 0, 5]),
+            "data.scenes=[10, 0, 5] must give three",
+        ),
+        (
+            lambda d: UNet(input_shape=[1, 8, 8], num_classes=3, channels=[8]),
+            "model.net.channels=[8] needs at",
+        ),
+        (
+            lambda d: SegmenterModule(net={}, optimizer={}, num_classes=3, dice_weight=-1),
+            "model.dice_weight=-1 must be 0 (cross-entropy only) or more",
+        ),
+        (
+            lambda d: TorchvisionSegmentation("resnet18", [3, 32, 32], 3),
+            "model.net.name=resnet18 is not a torchvision segmentation model; choose one of",
+        ),
+        (
+            lambda d: TorchvisionSegmentation("lraspp_mobilenet_v3_large", [4, 32, 32], 3),
+            "model/net=lraspp_mobilenet_v3_large takes 1 or 3 input channels, not data.input_shape[0]=4",
+        ),
+    ],
+)
+def test_bad_settings_of_the_segmentation_parts_are_refused_naming_the_key(
+    data_dir: Path, build, message: str
+):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        build(data_dir)
