@@ -16,6 +16,7 @@ runs as a fresh process instead, and so does any command when the server is busy
 """
 
 import atexit
+import importlib
 import json
 import os
 import random
@@ -102,8 +103,6 @@ def serve() -> None:
     os.close(null)
 
     # Anything the imports print (a deprecation warning, say) is replayed into every command's stderr.
-    import importlib
-
     with tempfile.TemporaryFile() as capture:
         saved_stderr = os.dup(2)
         os.dup2(capture.fileno(), 2)

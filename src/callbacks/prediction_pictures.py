@@ -28,9 +28,8 @@ class PredictionPictures(L.Callback):
     names come from the datamodule's `class_names` hyperparameter when it has one, else the indices.
     """
 
-    tasks = (
-        "classification",
-    )  # what it draws fits classifiers only (src/run/builder.py leaves it out elsewhere)
+    # What it draws fits classifiers only (src/run/builder.py leaves it out of other tasks' runs).
+    tasks = ("classification",)
 
     def __init__(self, num_samples: int = 16, every_n_epochs: int = 1, save_dir: str | None = None) -> None:
         if num_samples < 0 or every_n_epochs < 1:

@@ -81,14 +81,9 @@ class DigitScenesDataModule(SegmentationDataModule):
         std: float = 1.0,
         ignore_index: int = 255,
         class_names: Sequence[str] | None = None,
-        augment: bool = True,
-        batch_size: int = 32,
-        num_workers: int = 0,
-        pin_memory: bool = False,
-        persistent_workers: bool = False,
-        prefetch_factor: int | None = None,
-        drop_last: bool = False,
+        **settings: Any,
     ) -> None:
+        """`settings`: the DataModule's (batch_size, num_workers, ...; see there)."""
         super().__init__(
             num_classes=num_classes,
             input_shape=input_shape,
@@ -96,13 +91,7 @@ class DigitScenesDataModule(SegmentationDataModule):
             class_names=class_names,
             split=split,
             split_seed=split_seed,
-            augment=augment,
-            batch_size=batch_size,
-            num_workers=num_workers,
-            pin_memory=pin_memory,
-            persistent_workers=persistent_workers,
-            prefetch_factor=prefetch_factor,
-            drop_last=drop_last,
+            **settings,
         )
         if num_classes != len(CLASS_NAMES):
             raise ValueError(
