@@ -66,6 +66,31 @@ def digits_run(tmp_path_factory: pytest.TempPathFactory, data_dir: Path) -> Path
     return log_dir / "train" / "runs" / "mlp"
 
 
+# A few scenes: enough for every class to appear in each split, seconds to train.
+SMALL_SCENES = ["data.scenes=[192,64,64]", "data.batch_size=32"]
+# One batch of each stage, with the callbacks a debug preset would turn off.
+ONE_BATCH = [
+    "trainer.max_epochs=1",
+    *(f"+trainer.limit_{stage}_batches=1" for stage in ("train", "val", "test")),
+]
+
+
+@pytest.fixture(scope="session")
+def segment_run(tmp_path_factory: pytest.TempPathFactory, data_dir: Path) -> Path:
+    """`python src/train.py experiment=segment_digits` on a few scenes for two epochs, named `seg`."""
+    log_dir = tmp_path_factory.mktemp("segment_run")
+    overrides = [
+        "experiment=segment_digits",
+        *SMALL_SCENES,
+        "trainer.max_epochs=2",
+        "run_name=seg",
+        "logger=csv",
+    ]
+    result = run_cli("train", *overrides, log_dir=log_dir, data_dir=data_dir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return log_dir / "train" / "runs" / "seg"
+
+
 def csv_unless_chosen(config_name: str, overrides: Sequence[str]) -> list[str]:
     """`logger=csv` for a train or eval run whose test chooses no logger: tests read the CSV log
     (`last_metrics`), whatever logger the project defaults to (a generated project may default to wandb, which

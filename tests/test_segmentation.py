@@ -13,25 +13,7 @@ from src.data.digit_scenes_datamodule import CLASS_NAMES, DigitScenesDataModule,
 from src.models.components.torchvision_segmentation import TorchvisionSegmentation
 from src.models.components.unet import UNet
 from src.models.segmenter_module import SegmenterModule
-from tests.conftest import last_metrics, only_run_dir, run_cli
-
-# A few scenes: enough for every class to appear in each split, seconds to train.
-SMALL = ["data.scenes=[192,64,64]", "data.batch_size=32"]
-# One batch of each stage, with the callbacks a debug preset would turn off.
-ONE_BATCH = [
-    "trainer.max_epochs=1",
-    *(f"+trainer.limit_{stage}_batches=1" for stage in ("train", "val", "test")),
-]
-
-
-@pytest.fixture(scope="session")
-def segment_run(tmp_path_factory: pytest.TempPathFactory, data_dir: Path) -> Path:
-    """`python src/train.py experiment=segment_digits` on a few scenes for two epochs, named `seg`."""
-    log_dir = tmp_path_factory.mktemp("segment_run")
-    overrides = ["experiment=segment_digits", *SMALL, "trainer.max_epochs=2", "run_name=seg", "logger=csv"]
-    result = run_cli("train", *overrides, log_dir=log_dir, data_dir=data_dir)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return log_dir / "train" / "runs" / "seg"
+from tests.conftest import ONE_BATCH, SMALL_SCENES, last_metrics, only_run_dir, run_cli
 
 
 def scenes_module(data_dir: Path, **settings) -> DigitScenesDataModule:
@@ -118,7 +100,7 @@ def test_the_checkpoint_knows_the_class_names_and_how_to_read_an_image(segment_r
 
 def test_data_and_model_of_different_tasks_are_refused_before_training(tmp_path: Path, data_dir: Path):
     result = run_cli(
-        "train", "data=digit_scenes", "model=classifier", *SMALL, log_dir=tmp_path, data_dir=data_dir
+        "train", "data=digit_scenes", "model=classifier", *SMALL_SCENES, log_dir=tmp_path, data_dir=data_dir
     )
     assert result.returncode != 0
     assert (
@@ -131,7 +113,7 @@ def test_a_classification_only_callback_is_left_out_of_a_segmentation_run_with_o
     tmp_path: Path, data_dir: Path
 ):
     result = run_cli(
-        "train", "experiment=segment_digits", *SMALL, *ONE_BATCH, "callbacks=[default,prediction_pictures]",
+        "train", "experiment=segment_digits", *SMALL_SCENES, *ONE_BATCH, "callbacks=[default,prediction_pictures]",
         log_dir=tmp_path, data_dir=data_dir,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
@@ -145,7 +127,7 @@ def test_the_first_loss_check_expects_ln_num_classes_per_pixel_plus_the_dice_los
     # Inputs scaled 1000 times too large: the untrained net's first loss is far from ln(11).
     rigged = [
         "experiment=segment_digits",
-        *SMALL,
+        *SMALL_SCENES,
         "debug=fdr",
         "data.std=0.0002",
         "model.net.batch_norm=false",
