@@ -20,7 +20,7 @@ from typing import Any
 
 import lightning as L
 from hydra.core.hydra_config import HydraConfig
-from hydra.utils import instantiate
+from hydra.utils import get_object, instantiate
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.loggers import WandbLogger
@@ -101,7 +101,7 @@ def instantiate_run(run: Run, trainer: bool) -> None:
         run.model = instantiate(cfg.model)
     check_same_task(run.model, run.datamodule)
     if trainer:
-        callbacks = for_this_task(instantiate_group(cfg.get("callbacks"), "callbacks"), run.model)
+        callbacks = instantiate_group(for_this_task(cfg.get("callbacks"), run.model), "callbacks")
         loggers = instantiate_group(cfg.get("logger"), "logger")
         log.info(f"Instantiating trainer <{cfg.trainer._target_}>")
         run.trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
@@ -119,19 +119,30 @@ def check_same_task(model: L.LightningModule, datamodule: L.LightningDataModule 
         )
 
 
-def for_this_task(callbacks: list[L.Callback], model: L.LightningModule) -> list[L.Callback]:
-    """The callbacks that fit the model's task: one that lists the tasks it fits (`tasks`, e.g.
-    ("classification",)) is left out, with one info line, when the model's `task` is not among them."""
+def for_this_task(group: DictConfig | None, model: L.LightningModule) -> dict[str, Any]:
+    """The entries of a callbacks group that fit the model's task: one whose class lists the tasks it fits
+    (`tasks`, e.g. ("classification",)) is left out, with one info line and before it is instantiated, when
+    the model's `task` is not among them. (eval.yaml composes the pictures of every task this way.)"""
     task = getattr(model, "task", None)
-    fitting = []
-    for callback in callbacks:
-        tasks = getattr(callback, "tasks", None)
+    fitting = {}
+    for name, conf in (group or {}).items():
+        try:
+            target = (
+                get_object(conf._target_) if isinstance(conf, DictConfig) and "_target_" in conf else None
+            )
+        except (
+            ImportError,
+            AttributeError,
+            ValueError,
+        ):  # an unknown target fails with Hydra's own message when instantiated
+            target = None
+        tasks = getattr(target, "tasks", None)
         if tasks is not None and task not in tasks:
             log.info(
-                f"{type(callback).__name__} fits {' and '.join(tasks)} models, not {task}: it is left out of this run"
+                f"{target.__name__} fits {' and '.join(tasks)} models, not {task}: it is left out of this run"
             )
             continue
-        fitting.append(callback)
+        fitting[name] = conf
     return fitting
 
 
