@@ -133,7 +133,7 @@ def data_writer(option: str) -> Callable[[Path], list[str]] | None:
 
 
 # The model a data option of another task than classification trains with (the classification options: the MLP).
-MODEL_FOR = {"digit_scenes": ["model=segmenter"]}
+MODEL_FOR = {"digit_scenes": ["model=segmenter"], "segmentation_folder": ["model=segmenter"]}
 
 
 @pytest.mark.slow

@@ -35,6 +35,7 @@ GROUPS = {
 NEEDS_SOMETHING = {
     ("data", "mnist"): "could not be downloaded",  # the full MNIST: a download, no network here
     ("data", "image_folder"): "data.image_dir",  # your own images: say where they are
+    ("data", "segmentation_folder"): "data.image_dir",  # your own images and masks, likewise
     ("trainer", "fsdp"): "needs CUDA GPUs",
     ("trainer", "deepspeed"): "needs CUDA GPUs",
 }
@@ -70,6 +71,7 @@ SEGMENTATION = ["data=digit_scenes", "model=segmenter"]
 ALONE = {
     ("logger", "wandb"): ["logger.wandb.offline=true"],  # no wandb login here: offline, as documented
     ("data", "digit_scenes"): ["model=segmenter"],
+    ("data", "segmentation_folder"): ["model=segmenter"],
     ("model", "segmenter"): ["data=digit_scenes"],
     ("model/net", "unet"): SEGMENTATION,
     ("model/net", "lraspp"): SEGMENTATION,

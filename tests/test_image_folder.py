@@ -331,6 +331,40 @@ def test_a_corrupt_image_fails_with_its_name_or_is_skipped_and_counted(image_fol
     assert read_everything(skipping) == 7
 
 
+def test_an_unreadable_image_fails_the_run_before_training_in_one_line(tmp_path: Path, data_dir: Path):
+    labels = write_label_folder(tmp_path / "images", ["cat", "dog"] * 6)
+    bad = tmp_path / "images" / "img_4.png"
+    bad.write_text("not an image\n")  # a text file named .png
+    result = run_cli(
+        "train", "data=image_folder", f"data.image_dir={tmp_path / 'images'}", f"data.label_file={labels}",
+        "data.num_classes=2", "data.input_shape=[3,16,16]", "model/net=mlp", "trainer.max_epochs=1",
+        log_dir=tmp_path / "logs", data_dir=data_dir,
+    )  # fmt: skip
+    assert result.returncode != 0
+    expected = f"cannot read image {bad} (cannot identify image file"
+    assert any(expected in line and "data.skip_corrupt=true" in line for line in result.stderr.splitlines())
+    assert not (only_run_dir(tmp_path / "logs") / "checkpoints").exists()  # nothing was trained or saved
+
+
+def test_the_image_check_is_cached_and_a_changed_image_is_checked_again(image_folder, tmp_path: Path, caplog):
+    labels = write_label_folder(tmp_path, ["a", "b"] * 4)
+    common = [f"data.label_file={labels}", "data.num_classes=2", "data.split=[6,1,1]"]
+    with caplog.at_level(logging.INFO):
+        image_folder(*common)
+        image_folder(*common)
+        (tmp_path / "img_4.png").write_bytes(b"\x89PNG\r\n\x1a\n truncated")
+        with pytest.raises(RuntimeError, match=re.escape(f"cannot read image {tmp_path / 'img_4.png'} (")):
+            image_folder(*common)
+        image_folder(*common[:2], "data.split=[5,1,1]", "data.skip_corrupt=true")  # the bad one left out
+    checked = [line.split(" (")[0] for line in caplog.messages if line.startswith("Checked ")]
+    assert checked == [
+        "Checked 8 of 8 images of image folder",
+        "Checked 0 of 8 images of image folder",  # unchanged: taken from data.check_cache
+        "Checked 1 of 8 images of image folder",  # the changed one; a failure is never cached
+        "Checked 1 of 8 images of image folder",
+    ]
+
+
 def test_an_unknown_class_in_the_test_labels_is_refused(image_folder, tmp_path: Path):
     train = write_label_folder(tmp_path, ["cat", "dog"] * 3)
     test = write_label_folder(tmp_path, ["cat", "cow"], start=50)

@@ -8,8 +8,10 @@ from lightning.pytorch.callbacks import Checkpoint
 
 class InterruptCheckpoint(Checkpoint):
     """Saves `<dirpath>/<filename>.ckpt` when training raises (Ctrl+C, SIGTERM, an error), except for a
-    non-finite loss (`FloatingPointError` from the training guards), whose weights may already be broken. A
-    stage that then ends normally deletes the file: it would be older than the checkpoints after it.
+    non-finite loss (`FloatingPointError` from the training guards), whose weights may already be broken, and
+    before the first training step (bad data found at set-up): there is nothing to continue from, and the
+    untrained weights would replace an earlier attempt's file. A stage that then ends normally deletes the
+    file: it would be older than the checkpoints after it.
 
     Not Lightning's OnExceptionCheckpoint, whose presence makes every `fit(ckpt_path=None)` mean "resume from
     the newest last*.ckpt of the checkpoint folders", with two warnings on each new run. Which checkpoint a run
@@ -24,7 +26,7 @@ class InterruptCheckpoint(Checkpoint):
     def on_exception(
         self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
     ) -> None:
-        if isinstance(exception, FloatingPointError):
+        if isinstance(exception, FloatingPointError) or trainer.global_step == 0:
             return
         trainer.save_checkpoint(self.path, weights_only=False)  # the full state, to resume from
 

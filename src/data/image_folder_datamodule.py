@@ -1,8 +1,9 @@
 """Your own images: a folder of image files plus a label file, or one folder per class (`data=image_folder`).
 
 Everything is checked before training starts: the label files parse, every class is known, every listed
-image exists, no split is empty. The class names (index i = class_names[i]) are stored in the datamodule's
-hyperparameters, so every checkpoint carries them, and written to <run dir>/class_names.json.
+image exists and decodes (components/file_check.py), no split is empty. The class names (index i =
+class_names[i]) are stored in the datamodule's hyperparameters, so every checkpoint carries them, and written
+to <run dir>/class_names.json.
 """
 
 import json
@@ -17,12 +18,8 @@ from torch.utils.data import Dataset
 
 from src.data.classification_datamodule import ClassificationDataModule
 from src.data.components.collate import COLLATES
-from src.data.components.image_dataset import (
-    ImageDataset,
-    default_transform,
-    default_transform_config,
-    readable,
-)
+from src.data.components.file_check import Files, check_files, decode, raise_first
+from src.data.components.image_dataset import ImageDataset, default_transform, default_transform_config
 from src.data.components.labels import (
     ClassIndex,
     Sample,
@@ -71,6 +68,7 @@ class ImageFolderDataModule(ClassificationDataModule):
         transforms: dict[str, Any] | None = None,
         collate: str = "stack",
         skip_corrupt: bool = False,
+        check_cache: str | None = None,
         prepare: dict[str, Any] | None = None,
         batch_size: int = 64,
         num_workers: int = 0,
@@ -129,11 +127,7 @@ class ImageFolderDataModule(ClassificationDataModule):
         index = ClassIndex.infer(pool, self.hparams.num_classes, self.hparams.class_names)
         separate = {stage: self._listed(stage) for stage in ("val", "test")}
         check_images_exist(pool + [s for samples in separate.values() if samples for s in samples])
-        if self.hparams.skip_corrupt:
-            pool, separate = (
-                self._without_unreadable(pool),
-                {k: v and self._without_unreadable(v) for k, v in separate.items()},
-            )
+        pool, separate = self._readable(pool, separate)
         labelled = {
             stage: [(s.path, index(s)) for s in samples] for stage, samples in separate.items() if samples
         }
@@ -170,18 +164,42 @@ class ImageFolderDataModule(ClassificationDataModule):
             return None
         return read_label_file(hp[key], hp.image_dir, hp.image_column, hp.label_column, hp.header, key)
 
-    def _without_unreadable(self, samples: list[Sample]) -> list[Sample]:
-        """The samples whose files decode (data.skip_corrupt=true); one warning counts the others."""
-        flags = readable([sample.path for sample in samples])
-        skipped = [sample for sample, ok in zip(samples, flags, strict=True) if not ok]
-        if skipped:
-            names = ", ".join(str(sample.path) for sample in skipped[:5]) + (
-                ", ..." if len(skipped) > 5 else ""
-            )
-            log.warning(
-                f"Skipped {len(skipped)} unreadable image(s) of {len(samples)} (data.skip_corrupt=true): {names}"
-            )
-        return [sample for sample, ok in zip(samples, flags, strict=True) if ok]
+    def _readable(
+        self, pool: list[Sample], separate: dict[str, list[Sample] | None]
+    ) -> tuple[list[Sample], dict[str, list[Sample] | None]]:
+        """Every image decoded once (those unchanged since they last passed are skipped: data.check_cache).
+        An unreadable one fails the run naming it, or with data.skip_corrupt=true is left out, counted in
+        one warning. Every rank checks, so each fails alike; the first rank of each node writes the cache."""
+        everything = pool + [sample for samples in separate.values() if samples for sample in samples]
+        hint = "replace or remove it, or set data.skip_corrupt=true to skip unreadable images"
+
+        def check(files: Files) -> None:
+            decode(files[0], "image", hint)
+
+        failures = check_files(
+            [(sample.path,) for sample in everything],
+            check,
+            self.name,
+            "images",
+            self.hparams.check_cache,
+            {"image_dir": str(Path(self.hparams.image_dir).absolute())},
+            workers=self.hparams.num_workers,
+            write_cache=self.trainer is None or self.trainer.local_rank == 0,
+        )
+        if not self.hparams.skip_corrupt:
+            raise_first(failures)
+        if not failures:
+            return pool, separate
+        skipped = [files[0] for files in failures]
+        names = ", ".join(map(str, skipped[:5])) + (", ..." if len(skipped) > 5 else "")
+        log.warning(
+            f"Skipped {len(skipped)} unreadable image(s) of {len(everything)} (data.skip_corrupt=true): {names}"
+        )
+        bad = set(skipped)
+        return [s for s in pool if s.path not in bad], {
+            stage: samples and [s for s in samples if s.path not in bad]
+            for stage, samples in separate.items()
+        }
 
     def _source(self) -> str:
         """The training source, as the config key that names it."""

@@ -1,7 +1,6 @@
 """A Dataset of image files with labels: decoded with PIL, transformed by torchvision's transforms v2."""
 
 import copy
-import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -11,8 +10,6 @@ from hydra.utils import instantiate
 from PIL import Image
 from torch.utils.data import Dataset
 from torchvision.transforms import v2
-
-log = logging.getLogger(__name__)
 
 # What PIL raises for a file that is not an image, is truncated, or is too large to be safe.
 UNREADABLE = (OSError, ValueError, SyntaxError, Image.DecompressionBombError)
@@ -47,7 +44,7 @@ class ImageDataset(Dataset):
 
     `mode` is PIL's colour mode every image is converted to ("RGB", "L" for grayscale), so a folder that
     mixes grayscale and colour files still gives tensors of one shape. An unreadable file raises an error
-    naming it (`readable` filters such files out beforehand, for data.skip_corrupt=true).
+    naming it (the file check at set-up finds such files before training: components/file_check.py).
     """
 
     def __init__(
@@ -74,17 +71,3 @@ class ImageDataset(Dataset):
                 "to skip unreadable images"
             ) from err
         return self.transform(image), label
-
-
-def readable(paths: Sequence[Path]) -> list[bool]:
-    """Whether each file decodes as an image: one full decode per file, for data.skip_corrupt=true."""
-    flags = []
-    for path in paths:
-        try:
-            with Image.open(path) as file:
-                file.load()
-            flags.append(True)
-        except UNREADABLE as err:
-            log.debug(f"{path} is unreadable: {err}")
-            flags.append(False)
-    return flags
