@@ -5,9 +5,10 @@
 - torch_export: a `torch.export` ExportedProgram (.pt2), dynamic batch, checked by loading it back.
 - state_dict: the net's bare weights (.pt), checked by loading them into a net built from its config.
 
-Each artifact outputs the net's logits for a batch of preprocessed images (apply softmax for
-probabilities). The check feeds real images in two batch sizes, so a batch axis that was not really
-dynamic fails too.
+Each artifact gives the net's output for a batch of preprocessed images: what it means is the task module's
+`output_description()`, written into the .json beside it (a classifier's (N, classes) logits, a segmenter's
+(N, classes, H, W) per-pixel logits). The check feeds real images in two batch sizes, so a batch axis that
+was not really dynamic fails too.
 """
 
 import importlib.util
@@ -22,7 +23,7 @@ from torch import nn
 
 ONNX_PACKAGES = ("onnx", "onnxruntime", "onnxscript")  # torch.onnx.export needs onnxscript since torch 2.9
 
-Runnable = Callable[[torch.Tensor], torch.Tensor]  # a batch of images in, logits out
+Runnable = Callable[[torch.Tensor], torch.Tensor]  # a batch of images in, the net's output out
 
 
 def require(packages: tuple[str, ...], what: str) -> None:
@@ -44,7 +45,7 @@ def save_onnx(model: nn.Module, example: torch.Tensor, path: Path) -> None:
         str(path),
         dynamo=True,
         input_names=["images"],
-        output_names=["logits"],
+        output_names=[model.output_description()["name"]],  # "logits" for the template's tasks
         dynamic_shapes=(_batch_dim(),),
         # One self-contained .onnx file; past protobuf's 2 GB limit the weights go to <name>.onnx.data.
         external_data=sum(p.numel() * p.element_size() for p in model.parameters()) > 1_800_000_000,
@@ -84,7 +85,7 @@ class Format:
 
     suffix: str  # of the artifact's file name
     save: Callable[[nn.Module, torch.Tensor, Path], None]  # (model, example batch, path)
-    load: Callable[[Path, dict[str, Any]], Runnable]  # (path, the net's config) -> images to logits
+    load: Callable[[Path, dict[str, Any]], Runnable]  # (path, the net's config) -> images to outputs
     packages: tuple[str, ...] = ()  # what it needs besides torch, checked before anything is written
 
 

@@ -1,15 +1,19 @@
-"""From a checkpoint to a model that takes image files: what predict and export share.
+"""From a checkpoint to a model that takes image files: what predict and export share, for every task.
 
 A checkpoint of this template carries everything inference needs in the model's hyperparameters: the net's
-config, the class names, and the preprocessing the test images went through (see ClassifierModule.setup).
+config, the class names, and the preprocessing the test images went through (see TaskModule.setup).
 A checkpoint inside a run directory also has the run's record beside it, whose config names the
 LightningModule class and the data, for predicting on the test split or checking an export on real images.
+What a prediction is and how it is written, and what an export's output means, the task module says
+(TaskModule.prediction_writer and output_description).
 """
 
-import csv
 import glob
+import importlib
+import itertools
 import json
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,12 +23,14 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.utils import get_class, instantiate
 from lightning import LightningDataModule, LightningModule
+from lightning.pytorch.callbacks import BasePredictionWriter
 from omegaconf import DictConfig, OmegaConf, open_dict
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
 from src.data.components.collate import COLLATES
-from src.data.components.labels import IMAGE_EXTENSIONS, names_or_indices
+from src.data.components.labels import IMAGE_EXTENSIONS
+from src.models.task_module import PredictInput, PredictionWriter
 from src.run.checkpoints import check_checkpoint, load_checkpoint
 from src.run.record import RECORD_FILE
 
@@ -129,6 +135,12 @@ def load_model(source: Source, module: str | None = None) -> LightningModule:
     target = ((source.run_config or {}).get("model") or {}).get("_target_") or module or DEFAULT_MODULE
     cls = get_class(target)
     hparams = load_checkpoint(source.checkpoint).get("hyper_parameters") or {}
+    trained_on = data_task((hparams.get("preprocessing") or {}).get("datamodule"))
+    if trained_on and getattr(cls, "task", "any") not in (trained_on, "any"):
+        raise ValueError(
+            f"{source.checkpoint} was trained on {trained_on} data but module={target} is a {cls.task} module; "
+            "give module=<the LightningModule class it was trained with>, or run_dir=<its training run>"
+        )
     overrides = {"compile": False} if "compile" in hparams else {}  # eager, whatever training used
     model = cls.load_from_checkpoint(source.checkpoint, map_location="cpu", weights_only=True, **overrides)
     if not model.hparams.get("preprocessing"):
@@ -139,19 +151,16 @@ def load_model(source: Source, module: str | None = None) -> LightningModule:
     return model.eval()
 
 
-def require_classifier(model: LightningModule, what: str) -> None:
-    """An error for a model of another task than classification, which `what` (predict, export) cannot
-    handle yet."""
-    task = getattr(model, "task", "classification")
-    if task != "classification":
-        raise NotImplementedError(
-            f"{what} handles classification models; this checkpoint's {type(model).__name__} is a {task} model "
-            "(its test metrics: src/eval.py run_dir=<run>)"
-        )
-
-
-def class_names(model: LightningModule) -> list[str]:
-    return names_or_indices(model.hparams.get("class_names"), model.hparams.num_classes)
+def data_task(datamodule: str | None) -> str | None:
+    """The task of the datamodule class a checkpoint names (its `task`: classification, segmentation); None
+    when it names none, does not say, or cannot be imported here (predicting on files needs no data code)."""
+    if not datamodule:
+        return None
+    module_name, _, class_name = datamodule.rpartition(".")
+    try:
+        return getattr(getattr(importlib.import_module(module_name), class_name), "task", None)
+    except (ImportError, AttributeError, ValueError):  # ValueError: a name without a module
+        return None
 
 
 def image_transform(preprocessing: dict[str, Any]) -> Any:
@@ -220,11 +229,15 @@ class Inputs:
     files: list[Path] | None = None  # the image files, in the loader's order
     datamodule: LightningDataModule | None = None  # the test split's, when no files were given
 
-    def labels(self) -> list[int] | None:
-        """The test split's labels, in the loader's order; None for image files."""
-        if self.datamodule is None:
-            return None
-        return [int(label) for _, label, *_ in self.datamodule.data_test]
+    def each(self) -> Iterator[PredictInput]:
+        """Each input in the loader's order, for the task's PredictionWriter: its file, or on a test split its
+        image and target (label, mask)."""
+        if self.files is not None:
+            return (PredictInput(index=i, file=file) for i, file in enumerate(self.files))
+        test = self.datamodule.data_test
+        return (
+            PredictInput(index=i, image=image, target=target) for i, (image, target, *_) in enumerate(test)
+        )
 
     def first(self, count: int) -> torch.Tensor:
         """The first `count` images (fewer if there are fewer), as one batch."""
@@ -254,38 +267,26 @@ def inputs(cfg: DictConfig, source: Source, model: LightningModule, batch_size: 
     return Inputs(loader=datamodule.predict_dataloader(), datamodule=datamodule)
 
 
-def predictions(probabilities: torch.Tensor, names: list[str], top_k: int) -> list[dict[str, Any]]:
-    """One row per sample: the predicted class and its probability, and the top k classes."""
-    k = min(top_k, probabilities.shape[1])
-    top_p, top_i = probabilities.topk(k, dim=1)
-    rows = []
-    for p_row, i_row in zip(top_p.tolist(), top_i.tolist(), strict=True):
-        rows.append(
-            {
-                "predicted": i_row[0],
-                "predicted_name": names[i_row[0]],
-                "probability": p_row[0],
-                "top_k": [
-                    {"class": i, "name": names[i], "probability": p}
-                    for i, p in zip(i_row, p_row, strict=True)
-                ],
-            }
-        )
-    return rows
+class ToWriter(BasePredictionWriter):
+    """Hands each batch of predictions, as it comes, to the task's PredictionWriter with the inputs it is for:
+    predict holds one batch at a time (a segmentation test split's probability maps need not fit in memory)."""
 
+    def __init__(self, writer: PredictionWriter, inputs: Iterator[PredictInput]) -> None:
+        super().__init__(write_interval="batch")
+        self.writer, self.inputs = writer, inputs
 
-def write_predictions(rows: list[dict[str, Any]], out_dir: Path) -> None:
-    """predictions.json (everything) and predictions.csv (one line per image; top_k as name:probability)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "predictions.json").write_text(json.dumps(rows, indent=1) + "\n")
-    columns = ["index", "file", "label", "label_name", "predicted", "predicted_name", "probability", "top_k"]
-    with open(out_dir / "predictions.csv", "w", newline="") as file:
-        writer = csv.DictWriter(file, fieldnames=[c for c in columns if c in rows[0]])
-        writer.writeheader()
-        for row in rows:
-            top_k = ";".join(f"{t['name']}:{t['probability']:.6f}" for t in row["top_k"])
-            writer.writerow({key: row[key] for key in writer.fieldnames} | {"top_k": top_k})
-    log.info(f"Wrote {len(rows)} predictions to {out_dir / 'predictions.csv'} and predictions.json")
+    def write_on_batch_end(
+        self,
+        trainer,
+        pl_module,
+        prediction: Any,
+        batch_indices,
+        batch,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        # The loader does not shuffle: its batches come in the order of `inputs`.
+        self.writer.add(prediction.cpu(), list(itertools.islice(self.inputs, len(prediction))))
 
 
 def write_sidecar(
@@ -310,12 +311,8 @@ def write_sidecar(
                     "image_mode": preprocessing.get("image_mode"),
                     "preprocessing": preprocessing.get("transform"),
                 },
-                "output": {
-                    "name": "logits",
-                    "shape": ["batch", model.hparams.num_classes],
-                    "softmax_for": "probabilities",
-                },
-                "class_names": class_names(model),
+                "output": model.output_description(),
+                "class_names": model.label_names(),
                 "net": model.hparams.net,
                 "parity": {"max_abs_diff": max_abs_diff, "tolerance": tolerance},
             },

@@ -6,7 +6,6 @@ import math
 from pathlib import Path
 from typing import Any
 
-import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from lightning.fabric.utilities.rank_zero import rank_zero_only
@@ -61,29 +60,22 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
 
 
 def predict(cfg: DictConfig) -> list[dict[str, Any]]:
-    """Predict with a trained checkpoint on image files (`inputs`) or on a datamodule's test split; write the
-    predictions as CSV and JSON into this run's directory."""
+    """Predict with a trained checkpoint on image files (`inputs`) or on a datamodule's test split; the task's
+    PredictionWriter writes the predictions into this run's directory (predictions.csv and .json, and per
+    image what the task adds: a segmentation's masks) and gives the `predict/` metrics of a test split."""
     source = inference.locate(cfg)
     model = inference.load_model(source, cfg.get("module"))
-    inference.require_classifier(model, "predict")
+    writer = model.prediction_writer(cfg, Path(cfg.paths.output_dir))  # before any work: a task may have none
     if cfg.get("compile"):
         model.net.compile()
-    names = inference.class_names(model)
     images = inference.inputs(cfg, source, model, cfg.batch_size)
-    labels = images.labels()
     log.info(f"Predicting {len(images.loader.dataset)} images with {source.checkpoint}")
     with build(cfg, model=model, datamodule=images.datamodule) as run:
-        batches = run.trainer.predict(model, dataloaders=images.loader)
-        rows = inference.predictions(torch.cat(batches), names, cfg.top_k)
-        for i, row in enumerate(rows):
-            row |= {"index": i, "file": str(images.files[i]) if images.files else None}
-            if labels is not None:
-                row |= {"label": labels[i], "label_name": names[labels[i]]}
-        inference.write_predictions(rows, Path(cfg.paths.output_dir))
-        if labels is not None:
-            run.metrics = {"predict/acc": sum(r["predicted"] == r["label"] for r in rows) / len(rows)}
+        run.trainer.callbacks.append(inference.ToWriter(writer, images.each()))  # batch by batch
+        run.trainer.predict(model, dataloaders=images.loader, return_predictions=False)
+        run.metrics = writer.finish()
     _report(run.metrics)
-    return rows
+    return writer.rows
 
 
 def export(cfg: DictConfig) -> Path:
@@ -97,7 +89,7 @@ def export(cfg: DictConfig) -> Path:
     fmt = exporters.FORMATS[name]
     source = inference.locate(cfg)
     model = inference.load_model(source, cfg.get("module"))
-    inference.require_classifier(model, "export")
+    model.output_description()  # before anything is written: a task module that cannot say what it outputs fails
     artifact = Path(cfg.output) if cfg.get("output") else source.checkpoint.with_suffix(fmt.suffix)
     if artifact.exists() and not cfg.get("overwrite"):
         raise FileExistsError(

@@ -175,18 +175,6 @@ def test_class_weights_must_give_one_weight_per_class():
         )
 
 
-@pytest.mark.parametrize("script", ["predict", "export"])
-def test_predict_and_export_refuse_a_segmentation_run_clearly(
-    segment_run: Path, tmp_path: Path, data_dir: Path, script: str
-):
-    result = run_cli(script, f"run_dir={segment_run}", log_dir=tmp_path, data_dir=data_dir)
-    assert result.returncode != 0
-    assert f"{script} handles classification models; this checkpoint's SegmenterModule is a segmentation" in (
-        result.stderr
-    )
-    assert not list(segment_run.glob("checkpoints/*.onnx"))  # nothing written
-
-
 def test_a_mask_value_that_is_neither_a_class_nor_ignored_is_named_with_its_file(data_dir: Path):
     datamodule = scenes_module(data_dir)
     datamodule.check_mask(torch.tensor([[0, 10], [255, 3]]), "a.png")  # classes and ignore_index pass

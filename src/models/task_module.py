@@ -1,12 +1,20 @@
 """What the LightningModule of every supervised task shares (classification, segmentation, your next one).
 
-A task module subclasses `TaskModule` and says three things: how a batch becomes a loss, predictions and
-targets (`step`), which metrics each stage tracks (`stage_metrics`), and what a prediction is
-(`predict_step`). Everything else is here: the net, optimizer and scheduler built from configs kept as plain
-data, torch.compile and channels-last, a loss mean and the metrics per stage, updated each step and logged
-once an epoch, their states in checkpoints, and the best value so far of the watched metric.
+A task module subclasses `TaskModule` and says three things for training: how a batch becomes a loss,
+predictions and targets (`step`), which metrics each stage tracks (`stage_metrics`), and what a prediction is
+(`predict_step`). For `src/predict.py` and `src/export.py` it says two more: how its predictions are written
+(`prediction_writer`, returning a `PredictionWriter`) and what its net's output means in an export
+(`output_description`); a module without them trains and evaluates, and predict or export name the missing
+method. Everything else is here: the net, optimizer and scheduler built from configs kept as plain data,
+torch.compile and channels-last, a loss mean and the metrics per stage, updated each step and logged once an
+epoch, their states in checkpoints, and the best value so far of the watched metric.
 """
 
+import csv
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import hydra
@@ -17,6 +25,8 @@ from torch import Tensor
 from torchmetrics import MaxMetric, MeanMetric, Metric, MinMetric
 
 from src.data.components.labels import names_or_indices
+
+log = logging.getLogger(__name__)
 
 STAGES = ("train", "val", "test")
 
@@ -110,6 +120,24 @@ class TaskModule(L.LightningModule):
         """The names of the classes (or other outputs) per-class metrics are logged under; None: indices."""
         return self.hparams.get("class_names")
 
+    # --- what a task says for predict and export (training needs neither) ---
+
+    def prediction_writer(self, cfg: DictConfig, out_dir: Path) -> "PredictionWriter":
+        """What turns this task's `predict_step` outputs into files in `out_dir` and metrics (see
+        PredictionWriter); `cfg` is the predict run's config, for the task's own keys (top_k)."""
+        raise NotImplementedError(
+            f"{type(self).__name__} does not say how its predictions are written: implement prediction_writer() "
+            "in it (see TaskModule in src/models/task_module.py)"
+        )
+
+    def output_description(self) -> dict[str, Any]:
+        """What the net's output is, for the `output` entry of an export's <artifact>.json: its `name` (also the
+        ONNX output's), its `shape` ("batch" for the batch axis) and how to read it."""
+        raise NotImplementedError(
+            f"{type(self).__name__} does not say what its net's output means: implement output_description() "
+            "in it (see TaskModule in src/models/task_module.py)"
+        )
+
     # --- the shared machinery ---
 
     def metric(self, stage: str, name: str) -> Metric:
@@ -168,22 +196,33 @@ class TaskModule(L.LightningModule):
         for name in self.metric_names[stage]:
             self.metric(stage, name).reset()
 
-    def _log_stage(self, stage: str) -> dict[str, Tensor]:
-        """Compute and log the epoch's values of `stage`; return the single-valued ones by logged name."""
-        logged = {}
-        for name in self.metric_names[stage]:
-            value = self.metric(stage, name).compute()
-            # compute() synced the metric states across ranks, so every rank holds the global value already;
-            # sync_dist averages those equal values (one small all-reduce per epoch) and keeps Lightning from
-            # warning that epoch-level values are not synced.
+    def metric_values(self, prefix: str, metrics: dict[str, Metric]) -> dict[str, Tensor]:
+        """The metrics' values by logged name: `<prefix>/<name>`, and `<prefix>/<name>_<class name>` for each
+        class of a metric with one value per class (a stage's, or predict's)."""
+        values = {}
+        for name, metric in metrics.items():
+            value = metric.compute()
             if value.dim() == 0:
-                self.log(f"{stage}/{name}", value, prog_bar=stage != "test", sync_dist=True)
-                logged[f"{stage}/{name}"] = value
+                values[f"{prefix}/{name}"] = value
                 continue
             labels = names_or_indices(self.label_names(), len(value))
-            for label, per_class in zip(labels, value, strict=True):
-                self.log(f"{stage}/{name}_{label}", per_class, sync_dist=True)
-        return logged
+            values |= {
+                f"{prefix}/{name}_{label}": per_class for label, per_class in zip(labels, value, strict=True)
+            }
+        return values
+
+    def _log_stage(self, stage: str) -> dict[str, Tensor]:
+        """Compute and log the epoch's values of `stage`; return the single-valued ones by logged name."""
+        single = {f"{stage}/{name}" for name in self.metric_names[stage]}
+        values = self.metric_values(
+            stage, {name: self.metric(stage, name) for name in self.metric_names[stage]}
+        )
+        # compute() synced the metric states across ranks, so every rank holds the global value already;
+        # sync_dist averages those equal values (one small all-reduce per epoch) and keeps Lightning from
+        # warning that epoch-level values are not synced.
+        for name, value in values.items():
+            self.log(name, value, prog_bar=stage != "test" and name in single, sync_dist=True)
+        return {name: value for name, value in values.items() if name in single}
 
     def on_train_epoch_start(self) -> None:
         # A new epoch's means start empty. (Lightning skips this hook when it resumes in the middle of an
@@ -236,3 +275,56 @@ class TaskModule(L.LightningModule):
             "optimizer": optimizer,
             "lr_scheduler": {"scheduler": scheduler, **(self.hparams.scheduler_config or {})},
         }
+
+
+@dataclass
+class PredictInput:
+    """One input of a predict run, as a PredictionWriter sees it."""
+
+    index: int  # its place among the inputs: the row's `index`
+    file: Path | None = None  # the image file it was read from (inputs=); None on a test split
+    image: Tensor | None = None  # on a test split, the net's input (C, H, W); None for a file (read the file)
+    target: Any = None  # on a test split, what is right (a class index, a mask); None for a file
+
+
+class PredictionWriter:
+    """What `python src/predict.py` writes for one task: a task module returns one from `prediction_writer()`.
+
+    predict hands it each batch of `predict_step` outputs with the inputs they are for (`add`, which appends
+    one row per input to `rows` and may write a file per input, such as a mask), then calls `finish` once.
+    `finish` writes the rows to predictions.json (as they are) and predictions.csv (`columns`, with
+    `csv_row` flattening what does not fit in a cell) and returns `metrics()`, the `predict/<name>` values a
+    test split's targets give (none for image files).
+    """
+
+    columns: tuple[str, ...] = ()  # the CSV's columns, in order; those the first row lacks are left out
+
+    def __init__(self, module: TaskModule, cfg: DictConfig, out_dir: Path) -> None:
+        self.module, self.cfg, self.out_dir = module, cfg, out_dir
+        self.rows: list[dict[str, Any]] = []
+
+    def add(self, outputs: Tensor, inputs: list[PredictInput]) -> None:
+        """One row in `rows` for each input of a batch of `predict_step` outputs (and its files, if any)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement add()")
+
+    def metrics(self) -> dict[str, float]:
+        """The `predict/<name>` metrics over every row (those that need targets only on a test split)."""
+        return {}
+
+    def csv_row(self, row: dict[str, Any]) -> dict[str, Any]:
+        """A row as predictions.csv's cells."""
+        return row
+
+    def finish(self) -> dict[str, float]:
+        """Write predictions.json and predictions.csv; return the metrics."""
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        (self.out_dir / "predictions.json").write_text(json.dumps(self.rows, indent=1) + "\n")
+        with open(self.out_dir / "predictions.csv", "w", newline="") as file:
+            cells = [self.csv_row(row) for row in self.rows]
+            writer = csv.DictWriter(file, fieldnames=[c for c in self.columns if c in (cells or [{}])[0]])
+            writer.writeheader()
+            writer.writerows({key: cell[key] for key in writer.fieldnames} for cell in cells)
+        log.info(
+            f"Wrote {len(self.rows)} predictions to {self.out_dir / 'predictions.csv'} and predictions.json"
+        )
+        return self.metrics()
