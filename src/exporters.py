@@ -12,7 +12,11 @@ was not really dynamic fails too.
 """
 
 import importlib.util
-from collections.abc import Callable
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -96,6 +100,21 @@ FORMATS = {
 }
 
 
+@contextmanager
+def staged(artifact: Path) -> Iterator[Path]:
+    """A path to write the artifact to, moved to `artifact` only when the block succeeds: an export that fails
+    its parity check leaves nothing behind, and the earlier artifact that overwrite=true would replace stays."""
+    artifact.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{artifact.name}.", dir=artifact.parent))
+    try:
+        yield staging / artifact.name
+        # The artifact, and an ONNX model's external weights when it has them.
+        for written in staging.iterdir():
+            os.replace(written, artifact.parent / written.name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
 def check_parity(
     reference: Runnable,
     candidate: Runnable,
@@ -117,6 +136,6 @@ def check_parity(
     if not worst <= tolerance:  # also catches NaN
         raise ValueError(
             f"{what} failed its parity check: its outputs differ from the model's by up to {worst:.3g}, more than "
-            f"tolerance={tolerance:g} (on {len(images)} real images); do not use it"
+            f"tolerance={tolerance:g} (on {len(images)} real images); it is not kept"
         )
     return worst

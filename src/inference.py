@@ -112,6 +112,26 @@ def group_config(cfg: DictConfig, source: Source, group: str) -> DictConfig | No
     return with_keys_set(trained, overrides, group) if composed else OmegaConf.merge(trained, given or {})
 
 
+def with_run_precision(cfg: DictConfig, source: Source) -> DictConfig:
+    """`cfg` with its training run's `trainer.precision` unless the command line chooses one (`trainer=`,
+    `trainer.precision=`, `experiment=`), for eval: a run trained in bf16 is tested in bf16, so its test
+    metrics come out the same. A float16 run (CUDA only) on a machine without CUDA runs in 32, saying so.
+    (Predict keeps its own precision, 32: in bf16 an image's prediction would depend on its batch.)"""
+    trained = OmegaConf.select(OmegaConf.create(source.run_config or {}), "trainer.precision")
+    overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+    keys = {override.key_or_group for override in OverridesParser.create().parse_overrides(overrides)}
+    if trained is None or cfg.get("trainer") is None or keys & {"trainer", "trainer.precision", "experiment"}:
+        return cfg
+    if str(trained).startswith("16") and not torch.cuda.is_available():
+        log.info(
+            f"{source.checkpoint} was trained with trainer.precision={trained}, which needs CUDA: using 32"
+        )
+        trained = 32
+    with open_dict(cfg):
+        cfg.trainer.precision = trained
+    return cfg
+
+
 def with_run_config(cfg: DictConfig, source: Source, groups: tuple[str, ...]) -> DictConfig:
     """`cfg` with the configs of `groups` as `group_config` finds them, so that a run is evaluated as it was
     trained; an error naming what to choose when neither the checkpoint's run nor the command line says."""

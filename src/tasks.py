@@ -45,9 +45,10 @@ def train(cfg: DictConfig) -> dict[str, float]:
 
 def evaluate(cfg: DictConfig) -> dict[str, float]:
     """Test a checkpoint (`ckpt_path`, or the best one of `run_dir`) on the test split of its run's data, with
-    its run's model config; `data=` and `model=` on the command line choose others."""
+    its run's model config and precision; `data=`, `model=` and `trainer.precision=` on the command line
+    choose others."""
     source = inference.locate(cfg)
-    cfg = inference.with_run_config(cfg, source, ("data", "model"))
+    cfg = inference.with_run_precision(inference.with_run_config(cfg, source, ("data", "model")), source)
     with build(cfg) as run:
         check_fits(run.model, source.checkpoint)
         log.info(f"Testing {source.checkpoint}")
@@ -102,11 +103,12 @@ def export(cfg: DictConfig) -> Path:
             f"the parity check needs at least 2 images (parity_samples={cfg.parity_samples}), found {len(images)}"
         )
     with build(cfg, model=model, trainer=False) as run:
-        artifact.parent.mkdir(parents=True, exist_ok=True)
         log.info(f"Exporting {source.checkpoint} as {name} to {artifact}")
-        fmt.save(model, images, artifact)
-        candidate = fmt.load(artifact, model.hparams.net)
-        worst = exporters.check_parity(model, candidate, images, cfg.tolerance, f"{name} export {artifact}")
+        with exporters.staged(artifact) as written:
+            fmt.save(model, images, written)
+            candidate = fmt.load(written, model.hparams.net)
+            what = f"{name} export {artifact}"
+            worst = exporters.check_parity(model, candidate, images, cfg.tolerance, what)
         log.info(
             f"Parity check passed: outputs differ from the model's by at most {worst:.3g} (tolerance {cfg.tolerance:g})"
         )

@@ -8,10 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from omegaconf import OmegaConf
 from PIL import Image
 
 from src import exporters
-from src.inference import Source, expand_inputs, load_model
+from src.inference import Source, expand_inputs, load_model, with_run_precision
 from src.run.checkpoints import load_checkpoint
 from tests.conftest import last_metrics, only_run_dir, run_cli
 
@@ -134,11 +135,17 @@ def test_each_export_format_passes_its_parity_check(trained: Path, tmp_path: Pat
 
 
 def test_a_broken_export_fails_its_parity_check(trained: Path, tmp_path: Path, data_dir: Path):
-    artifact = tmp_path / "model.onnx"
-    strict = ["format=onnx", f"output={artifact}", "tolerance=1e-12"]  # ONNX Runtime differs by ~1e-7
+    artifact = tmp_path / "exports" / "model.onnx"
+    artifact.parent.mkdir()
+    artifact.write_bytes(b"an earlier export")
+    # ONNX Runtime differs by ~1e-7.
+    strict = ["format=onnx", f"output={artifact}", "overwrite=true", "tolerance=1e-12"]
     result = run_cli("export", f"run_dir={trained}", *strict, log_dir=tmp_path, data_dir=data_dir)
     assert result.returncode != 0
     assert "failed its parity check: its outputs differ from the model's by up to" in result.stderr
+    # Nothing of the failed export is kept, and the earlier artifact it would have replaced is untouched.
+    assert [p.name for p in artifact.parent.iterdir()] == ["model.onnx"]
+    assert artifact.read_bytes() == b"an earlier export"
     # A candidate that is another model fails at the default tolerance.
     model = load_model(Source(trained / "checkpoints" / "best.ckpt", None))
     other = load_model(Source(trained / "checkpoints" / "best.ckpt", None))
@@ -247,3 +254,19 @@ def test_a_checkpoint_saved_from_a_torch_compiled_net_loads_too(trained: Path, t
     images = torch.randn(4, 1, 8, 8)
     with torch.no_grad():
         assert torch.equal(model(images), reference(images))
+
+
+@pytest.mark.parametrize(
+    ("trained", "used"),
+    [
+        ("bf16-mixed", "bf16-mixed"),
+        ("64", "64"),
+        ("16-mixed", "16-mixed" if torch.cuda.is_available() else 32),
+        (None, 32),  # a checkpoint outside its run dir: eval's own
+    ],
+)
+def test_eval_uses_the_training_runs_precision(trained: str | None, used: str | int):
+    """A bf16 run is tested in bf16, so eval reproduces its test metrics; float16 needs CUDA, else 32."""
+    run_config = {"trainer": {"precision": trained}} if trained else None
+    cfg = OmegaConf.create({"trainer": {"precision": 32}})
+    assert with_run_precision(cfg, Source(Path("best.ckpt"), run_config)).trainer.precision == used

@@ -66,14 +66,15 @@ def test_predict_on_the_test_split_gives_the_test_metrics(segment_run: Path, tes
         assert mask_of(out / row["mask"]).shape == (64, 64) and (out / row["preview"]).is_file()
         assert 0 <= float(row["acc"]) <= 1 and 0 <= float(row["miou"]) <= 1
         assert sum(float(row[f"share_{name}"]) for name in CLASS_NAMES) == pytest.approx(1)
-    # The same checkpoint (best.ckpt) as the training run's test, the same 64 scenes in the same batches, and
-    # the test's own metric objects (SegmenterModule.stage_metrics): the same integer confusion counts, so
-    # the values agree but for float32 rounding. (test_segmentation.py checks that eval.py gives these too.)
+    # The same checkpoint (best.ckpt) as the training run's test, the same 64 scenes, and the test's own metric
+    # objects (SegmenterModule.stage_metrics). The run tested in bf16 (experiment=segment_digits), predict
+    # runs in float32: a few pixels near a boundary change class, so the values agree to bf16's rounding.
+    # (test_segmentation.py checks that eval.py, which follows the run's precision, gives them exactly.)
     predicted = json.loads((out / "run.json").read_text())["final_metrics"]
     tested = last_metrics(segment_run)
     names = ["miou", "acc", "dice", *(f"iou_{name}" for name in CLASS_NAMES)]
     for name in names:
-        assert predicted[f"predict/{name}"] == pytest.approx(tested[f"test/{name}"], rel=1e-6, abs=1e-7), name
+        assert predicted[f"predict/{name}"] == pytest.approx(tested[f"test/{name}"], rel=5e-3, abs=1e-3), name
     # Every scene has 64x64 labelled pixels: the overall pixel accuracy is the mean of the images'.
     mean_acc = np.mean([float(row["acc"]) for row in rows])
     assert predicted["predict/acc"] == pytest.approx(mean_acc, rel=1e-6)
@@ -146,7 +147,7 @@ def test_a_broken_segmenter_export_fails_its_parity_check(segment_run: Path, tmp
     result = run_cli("export", f"run_dir={segment_run}", *strict, log_dir=tmp_path, data_dir=data_dir)
     assert result.returncode != 0
     assert "failed its parity check: its outputs differ from the model's by up to" in result.stderr
-    assert not artifact.with_name("unet.onnx.json").exists()  # no sidecar vouches for it
+    assert not [*tmp_path.glob("unet.onnx*"), *tmp_path.glob(".unet.onnx*")]  # nothing of it is kept
     # An artifact that crops the U-Net's output wrong fails on its shape.
     model = load_model(Source(segment_run / "checkpoints" / "best.ckpt", None), SEGMENTER.split("=")[1])
     with pytest.raises(
