@@ -78,16 +78,19 @@ def segmentation_folder(compose_cfg, tmp_path: Path):
 
 def test_a_folder_of_images_and_masks_trains_tests_and_evaluates(tmp_path: Path):
     write_folder(tmp_path / "data")
-    overrides = [*folder_overrides(tmp_path / "data"), *TINY_UNET, "trainer.max_epochs=1"]
+    # The README's command (data=segmentation_folder model=segmenter monitor=val/miou ...), on 12 small pairs.
+    readme = ["monitor=val/miou", "data.class_names=[background,road,car]"]
+    overrides = [*folder_overrides(tmp_path / "data"), *TINY_UNET, *readme, "trainer.max_epochs=1"]
     logs = tmp_path / "logs"
     result = run_cli("train", *overrides, "run_name=seg", log_dir=logs, data_dir=tmp_path / "data")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Checked 12 of 12 image/mask pairs of segmentation folder" in result.stdout + result.stderr
     run_dir = logs / "train" / "runs" / "seg"
     metrics = last_metrics(run_dir)
-    assert {"test/miou", "test/dice", "test/iou_0", "test/iou_2"} <= set(metrics)
+    assert {"test/miou", "test/dice", "test/iou_background", "test/iou_car", "val/miou_best"} <= set(metrics)
     checkpoint = torch.load(run_dir / "checkpoints" / "best.ckpt", map_location="cpu", weights_only=True)
-    assert checkpoint["hyper_parameters"]["class_names"] == ["0", "1", "2"]
+    assert checkpoint["hyper_parameters"]["class_names"] == ["background", "road", "car"]
+    assert "val/miou" in str(checkpoint["callbacks"])  # the best checkpoint is chosen by val/miou
     assert checkpoint["hyper_parameters"]["preprocessing"]["input_shape"] == [3, 32, 32]
 
     evaluated = run_cli("eval", f"run_dir={run_dir}", log_dir=logs, data_dir=tmp_path / "data")
