@@ -30,6 +30,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from src.data.components.collate import COLLATES
 from src.data.components.labels import IMAGE_EXTENSIONS
+from src.exporters import PARITY_RULE
 from src.models.task_module import PredictInput, PredictionWriter
 from src.run.checkpoints import check_checkpoint, load_checkpoint
 from src.run.record import RECORD_FILE
@@ -310,7 +311,7 @@ class ToWriter(BasePredictionWriter):
 
 
 def write_sidecar(
-    artifact: Path, model: LightningModule, fmt: str, max_abs_diff: float, tolerance: float, checkpoint: Path
+    artifact: Path, model: LightningModule, fmt: str, max_diff: float, tolerance: float, checkpoint: Path
 ) -> Path:
     """<artifact>.json: what the artifact expects and gives, and how it was checked."""
     preprocessing = model.hparams.preprocessing
@@ -334,7 +335,7 @@ def write_sidecar(
                 "output": model.output_description(),
                 "class_names": model.label_names(),
                 "net": model.hparams.net,
-                "parity": {"max_abs_diff": max_abs_diff, "tolerance": tolerance},
+                "parity": {"max_diff": max_diff, "tolerance": tolerance, "rule": PARITY_RULE},
             },
             indent=1,
         )

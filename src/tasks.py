@@ -113,7 +113,7 @@ def export(cfg: DictConfig) -> Path:
             f"Parity check passed: outputs differ from the model's by at most {worst:.3g} (tolerance {cfg.tolerance:g})"
         )
         inference.write_sidecar(artifact, model, name, worst, cfg.tolerance, source.checkpoint)
-        run.metrics = {"export/max_abs_diff": worst}
+        run.metrics = {"export/max_diff": worst}
     return artifact
 
 
