@@ -47,6 +47,7 @@ def test_bad_values_are_refused_before_anything_is_built(compose_cfg, override: 
         preflight.check_run(compose_cfg("train", [*DIGITS_MLP, override]))
 
 
+@pytest.mark.slow
 def test_a_wrong_type_on_the_command_line_stops_before_training(tmp_path: Path, data_dir: Path):
     result = run_cli("train", *DIGITS_MLP, "trainer.max_epochs=ten", log_dir=tmp_path, data_dir=data_dir)
     assert result.returncode != 0

@@ -36,6 +36,7 @@ def benchmark(*args: str, timeout: int) -> subprocess.CompletedProcess:
     return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.slow
 def test_the_benchmark_runs_in_tiny_mode_and_writes_every_figure(tmp_path: Path):
     output = tmp_path / "bench.json"
     result = benchmark("--tiny", "--cases", "mlp", "--output", str(output), timeout=300)
@@ -107,6 +108,7 @@ def page_faults(mode: str, **env: str) -> tuple[bool, int]:
 
 
 @pytest.mark.skipif(not GLIBC, reason="malloc's thresholds are a glibc setting")
+@pytest.mark.slow
 def test_keep_freed_memory_stops_steps_from_page_faulting_their_buffers_back():
     applied, faults = page_faults("default")
     assert not applied and faults > 20_000  # 16 MiB a step: up to 4096 pages of 4 KiB, every step
@@ -116,6 +118,7 @@ def test_keep_freed_memory_stops_steps_from_page_faulting_their_buffers_back():
 
 
 @pytest.mark.skipif(not GLIBC, reason="malloc's thresholds are a glibc setting")
+@pytest.mark.slow
 def test_a_users_own_malloc_settings_are_left_alone():
     applied, faults = page_faults("keep", MALLOC_TRIM_THRESHOLD_="65536")
     assert not applied and faults > 10_000

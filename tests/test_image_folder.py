@@ -497,6 +497,7 @@ def test_a_test_share_next_to_a_test_file_is_refused_so_no_image_is_dropped(imag
 # --- end to end, as the README tells it ---
 
 
+@pytest.mark.slow
 def test_the_example_script_writes_a_label_file_folder_and_refuses_to_overwrite(
     tmp_path: Path, data_dir: Path
 ):

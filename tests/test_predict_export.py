@@ -92,6 +92,7 @@ def test_eval_by_run_dir_tests_the_run_with_its_own_data_and_model(
     assert evaluated["config"]["model"]["net"]["_target_"] == "src.models.components.mlp.MLP"
 
 
+@pytest.mark.slow
 def test_eval_of_a_checkpoint_outside_a_run_dir_takes_its_training_options(
     trained: Path, tmp_path: Path, data_dir: Path
 ):
@@ -110,6 +111,7 @@ def test_eval_of_a_checkpoint_outside_a_run_dir_takes_its_training_options(
 
 
 @pytest.mark.parametrize("fmt", ["onnx", "torch_export", "state_dict"])
+@pytest.mark.slow
 def test_each_export_format_passes_its_parity_check(trained: Path, tmp_path: Path, data_dir: Path, fmt: str):
     artifact = tmp_path / f"model.{fmt}"
     result = run_cli(
@@ -134,6 +136,7 @@ def test_each_export_format_passes_its_parity_check(trained: Path, tmp_path: Pat
         assert torch.allclose(run(images), model(images), atol=1e-5)
 
 
+@pytest.mark.slow
 def test_a_broken_export_fails_its_parity_check(trained: Path, tmp_path: Path, data_dir: Path):
     artifact = tmp_path / "exports" / "model.onnx"
     artifact.parent.mkdir()
@@ -192,6 +195,7 @@ def test_inputs_without_image_files_are_refused(tmp_path: Path):
         expand_inputs(str(tmp_path))
 
 
+@pytest.mark.slow
 def test_an_export_never_overwrites_unless_asked(trained: Path, tmp_path: Path, data_dir: Path):
     args = [f"run_dir={trained}", "format=state_dict", f"output={tmp_path / 'w.pt'}"]
     assert run_cli("export", *args, log_dir=tmp_path, data_dir=data_dir).returncode == 0

@@ -35,6 +35,7 @@ def weights(checkpoint: Path) -> dict[str, torch.Tensor]:
     return load_checkpoint(checkpoint)["state_dict"]
 
 
+@pytest.mark.slow
 def test_a_named_run_continues_exactly_where_it_was_interrupted(tmp_path: Path, data_dir: Path):
     common = [
         *EXACT,
@@ -91,6 +92,7 @@ def test_a_named_run_continues_exactly_where_it_was_interrupted(tmp_path: Path, 
     assert results(resumed["final_metrics"]) == results(record(uninterrupted)["final_metrics"])
 
 
+@pytest.mark.slow
 def test_a_finished_run_is_not_reused_and_resume_never_starts_beside_it(tmp_path: Path, data_dir: Path):
     first = run_cli("train", "debug=fdr", "run_name=done", log_dir=tmp_path, data_dir=data_dir)
     assert first.returncode == 0, first.stderr[-3000:]
@@ -106,6 +108,7 @@ def test_a_finished_run_is_not_reused_and_resume_never_starts_beside_it(tmp_path
     assert record(run_dir_of(tmp_path, "done", "debug"))["status"] == "completed"  # the first is untouched
 
 
+@pytest.mark.slow
 def test_a_run_is_not_continued_with_another_config_and_keeps_its_snapshot(tmp_path: Path, data_dir: Path):
     common = ["debug=limit", "data=digits", "model/net=mlp", INTERRUPTIBLE, "run_name=tuned"]
     first = run_cli(

@@ -76,6 +76,7 @@ def segmentation_folder(compose_cfg, tmp_path: Path):
     return _build
 
 
+@pytest.mark.slow
 def test_a_folder_of_images_and_masks_trains_tests_and_evaluates(tmp_path: Path):
     write_folder(tmp_path / "data")
     # The README's command (data=segmentation_folder model=segmenter monitor=val/miou ...), on 12 small pairs.

@@ -116,6 +116,7 @@ def test_predict_on_image_files_writes_a_mask_and_a_preview_at_each_files_size(
 
 
 @pytest.mark.parametrize("fmt", ["onnx", "torch_export"])
+@pytest.mark.slow
 def test_segmenter_exports_pass_their_parity_check_with_a_dynamic_batch(
     segment_run: Path, tmp_path: Path, data_dir: Path, fmt: str
 ):
@@ -141,6 +142,7 @@ def test_segmenter_exports_pass_their_parity_check_with_a_dynamic_batch(
     assert got.shape == (3, 11, 64, 64) and torch.allclose(got, expected, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_a_broken_segmenter_export_fails_its_parity_check(segment_run: Path, tmp_path: Path, data_dir: Path):
     artifact = tmp_path / "unet.onnx"
     strict = ["format=onnx", f"output={artifact}", "tolerance=1e-12"]  # ONNX Runtime differs by ~1e-7

@@ -36,6 +36,7 @@ NOT_CLASSIFICATION = (
 )
 
 
+@pytest.mark.slow
 def test_a_segmentation_training_sends_its_pictures_to_tensorboard_and_saves_the_test_ones(
     tmp_path: Path, data_dir: Path
 ):

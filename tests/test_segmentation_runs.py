@@ -72,6 +72,7 @@ def test_a_segmentation_run_killed_mid_epoch_resumes_to_the_same_weights_and_met
         assert final["killed"][name] == final["straight"][name], name
 
 
+@pytest.mark.slow
 def test_the_segmentation_search_runs_its_trials_and_ranks_them_by_val_miou(tmp_path: Path, data_dir: Path):
     result = run_cli(
         "train", "-m", "hparams_search=segment_digits", *SMALL_SCENES, *ONE_BATCH, "hydra.sweeper.n_trials=2",

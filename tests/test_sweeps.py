@@ -56,6 +56,7 @@ def only_sweep_dir(log_dir: Path) -> Path:
 # --- grid sweeps (Hydra's own sweeper) ---
 
 
+@pytest.mark.slow
 def test_grid_sweep_runs_every_combination_in_its_own_dir_and_summarizes_them(tmp_path: Path, data_dir: Path):
     grid = ["model.optimizer.lr=0.001,0.01", "data.batch_size=32,64"]
     result = run_cli("train", "-m", *DIGITS_MLP, *grid, log_dir=tmp_path, data_dir=data_dir)
@@ -156,6 +157,7 @@ def test_a_bad_search_space_says_which_key(value: str, message: str):
         parse_search(OmegaConf.create({"lr": value}), [])
 
 
+@pytest.mark.slow
 def test_optuna_search_stores_the_study_and_summarizes_its_trials(tmp_path: Path, data_dir: Path):
     result = optuna_sweep(
         "trainer.max_epochs=1", "hydra.sweeper.n_trials=4", log_dir=tmp_path, data_dir=data_dir
@@ -180,6 +182,7 @@ def test_optuna_search_stores_the_study_and_summarizes_its_trials(tmp_path: Path
     assert f"Best trial {study.best_trial.number}" in output
 
 
+@pytest.mark.slow
 def test_rerunning_a_study_continues_it_without_repeating_or_overwriting_trials(
     tmp_path: Path, data_dir: Path
 ):
@@ -235,6 +238,7 @@ def test_a_killed_sweep_resumes_with_the_same_command(tmp_path: Path, data_dir: 
     assert load_study(tmp_path).trials[2].user_attrs["error"].startswith("interrupted")
 
 
+@pytest.mark.slow
 def test_a_trial_that_raises_is_recorded_as_failed_and_the_others_finish(tmp_path: Path, data_dir: Path):
     result = optuna_sweep(
         "trainer.max_epochs=1",
@@ -272,6 +276,7 @@ def test_a_sweep_that_keeps_failing_stops_at_its_failure_budget(tmp_path: Path, 
     assert [t.state for t in load_study(tmp_path).trials] == [TrialState.FAIL, TrialState.FAIL]
 
 
+@pytest.mark.slow
 def test_the_pruner_stops_a_hopeless_trial_after_its_first_epoch(tmp_path: Path, data_dir: Path):
     result = optuna_sweep(
         "trainer.max_epochs=3",
@@ -348,6 +353,7 @@ def test_a_pruned_ddp_trial_ends_its_workers_but_not_the_sweep(tmp_path: Path, d
     assert output.count("[rank: 1] Seed set to") == len(trials)  # each trial started its own worker
 
 
+@pytest.mark.slow
 def test_a_pruning_monitor_that_is_never_logged_fails_the_trial_clearly(tmp_path: Path, data_dir: Path):
     result = optuna_sweep(
         "hydra.sweeper.n_trials=1",
@@ -360,6 +366,7 @@ def test_a_pruning_monitor_that_is_never_logged_fails_the_trial_clearly(tmp_path
     assert "callbacks.optuna_pruning.monitor=val/acc_bset was not logged; logged: " in result.stderr
 
 
+@pytest.mark.slow
 def test_a_study_is_not_continued_with_another_search_or_direction(tmp_path: Path, data_dir: Path):
     first = optuna_sweep("hydra.sweeper.n_trials=1", log_dir=tmp_path, data_dir=data_dir)
     assert first.returncode == 0, first.stderr[-3000:]

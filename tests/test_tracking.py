@@ -138,6 +138,7 @@ def test_a_run_outside_git_that_fails_still_completes_its_record(compose_cfg, tm
     assert record["final_metrics"] == {"val/acc": 0.5} and record["duration_s"] >= 0
 
 
+@pytest.mark.slow
 def test_wandb_offline_from_the_environment_alone_never_prompts(tmp_path: Path, data_dir: Path):
     # The config's other documented way: logger.wandb.offline stays false, WANDB_MODE=offline is enough.
     result = run_cli(
@@ -154,6 +155,7 @@ def test_wandb_offline_from_the_environment_alone_never_prompts(tmp_path: Path, 
     assert wandb_run(only_run_dir(tmp_path, "debug"))["run"] is not None
 
 
+@pytest.mark.slow
 def test_wandb_online_without_a_login_fails_at_start_and_the_record_says_so(tmp_path: Path, data_dir: Path):
     # A user who never ran `wandb login`: a home of their own with no key in it, nothing in the environment.
     env = {key: value for key, value in os.environ.items() if not key.startswith("WANDB_")}
@@ -202,6 +204,7 @@ def mlflow_runs(log_dir: Path, experiment: str) -> tuple[Any, list]:
     return client, client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
 
 
+@pytest.mark.slow
 def test_mlflow_sweep_jobs_share_one_sqlite_file_with_their_params_metrics_and_pictures(
     tmp_path: Path, data_dir: Path
 ):

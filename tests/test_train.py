@@ -27,6 +27,7 @@ def test_fast_dev_run_trains_validates_and_tests(tmp_path: Path, data_dir: Path)
     assert "ckpt_path" not in result.stderr, result.stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_lightnings_messages_reach_the_log_file_when_lightning_was_imported_first(
     tmp_path: Path, data_dir: Path
 ):

@@ -76,6 +76,7 @@ def test_one_override_of_the_watched_metric_changes_every_consumer(tmp_path: Pat
     assert [float(row["val/loss_best"]) for row in rows] == pytest.approx([best["1"], best["0"]])
 
 
+@pytest.mark.slow
 def test_an_optuna_study_minimizes_when_the_mode_is_min(tmp_path: Path, data_dir: Path):
     overrides = [*WATCH_LOSS, "hydra.sweeper.n_trials=2", "trainer.max_epochs=1"]
     result = run_cli(
