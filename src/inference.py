@@ -70,6 +70,11 @@ def locate(cfg: DictConfig) -> Source:
     return Source(checkpoint=checkpoint, run_config=run_config)
 
 
+def command_line() -> list[str]:
+    """This run's command-line overrides (none outside a Hydra run)."""
+    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+
+
 def chosen_groups(overrides: list[str]) -> set[str]:
     """The config groups a command line chooses an option of: `data=digits` chooses data, `model/net=mlp`
     chooses model, and `experiment=...` chooses both (an experiment composes its own)."""
@@ -107,7 +112,7 @@ def group_config(cfg: DictConfig, source: Source, group: str) -> DictConfig | No
     given = cfg.get(group)
     composed = given is not None and "_target_" in given
     trained = (source.run_config or {}).get(group)
-    overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+    overrides = command_line()
     if trained is None or group in chosen_groups(overrides):
         return given if composed else None
     return with_keys_set(trained, overrides, group) if composed else OmegaConf.merge(trained, given or {})
@@ -119,7 +124,7 @@ def with_run_precision(cfg: DictConfig, source: Source) -> DictConfig:
     metrics come out the same. A float16 run (CUDA only) on a machine without CUDA runs in 32, saying so.
     (Predict keeps its own precision, 32: in bf16 an image's prediction would depend on its batch.)"""
     trained = OmegaConf.select(OmegaConf.create(source.run_config or {}), "trainer.precision")
-    overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+    overrides = command_line()
     keys = {override.key_or_group for override in OverridesParser.create().parse_overrides(overrides)}
     if trained is None or cfg.get("trainer") is None or keys & {"trainer", "trainer.precision", "experiment"}:
         return cfg
