@@ -112,39 +112,49 @@ def test_make_help_lists_every_target_with_one_line():
 def test_make_installs_again_when_python_or_the_lock_change_and_only_then(tmp_path: Path):
     """`make install LOCK=` or `PYTHON=` after an install must re-install, not be skipped by a fresh stamp;
     `make test`'s install (the extras) counts as the lean one too. A stand-in .venv/bin/python records the
-    pip calls (and runs `-c` with the real interpreter, for the version check)."""
+    calls (and answers the version check with the real interpreter)."""
     for name in ("Makefile", "pyproject.toml", "requirements.lock"):
         shutil.copy(ROOT / name, tmp_path / name)
     python = tmp_path / ".venv" / "bin" / "python"
     python.parent.mkdir(parents=True)
     python.write_text(
-        f'#!/bin/sh\nif [ "$1" = -c ]; then exec {sys.executable} "$@"; fi\necho "$@" >> {tmp_path}/pip.log\n'
+        f'#!/bin/sh\ncase "$2" in *version_info*) exec {sys.executable} "$@";; esac\n'
+        f'echo "$@" >> {tmp_path}/calls.log\n'
     )
     python.chmod(0o755)
 
     def make(*args: str) -> list[str]:
-        """The pip calls one `make` made."""
-        (tmp_path / "pip.log").write_text("")
+        """The calls of .venv/bin/python that one `make` made."""
+        (tmp_path / "calls.log").write_text("")
         result = subprocess.run(["make", *args], cwd=tmp_path, capture_output=True, text=True)
         assert result.returncode == 0, result.stdout + result.stderr
-        return (tmp_path / "pip.log").read_text().splitlines()
+        return (tmp_path / "calls.log").read_text().splitlines()
 
-    assert make("install") == ["-m pip install -e . -c requirements.lock"]
+    # An install brings pip to the Makefile's version, installs without compiling, then compiles on every core.
+    makefile = (ROOT / "Makefile").read_text()
+    upgrade = "-m pip install --quiet pip==" + re.search(r"^PIP_VERSION := (\S+)$", makefile, flags=re.M)[1]
+    compile_all = "-c " + re.search(r'^COMPILE := \$\(PY\) -c "(.+)"$', makefile, flags=re.M)[1]
+    assert "compileall" in compile_all
+
+    def installs(what: str) -> list[str]:
+        return [upgrade, f"-m pip install --no-compile {what}", compile_all]
+
+    assert make("install") == installs("-e . -c requirements.lock")
     assert make("install") == []
-    assert make("install", "LOCK=") == ["-m pip install -e ."]
+    assert make("install", "LOCK=") == installs("-e .")
     assert make("install", "LOCK=") == []
-    assert make("install") == ["-m pip install -e . -c requirements.lock"]
-    assert make("install-test") == ["-m pip install -e .[dev,mlflow,export,deepspeed] -c requirements.lock"]
+    assert make("install") == installs("-e . -c requirements.lock")
+    assert make("install-test") == installs("-e .[dev,mlflow,export,deepspeed] -c requirements.lock")
     assert make("install") == []  # the test install holds the lean one
     # Another Python makes .venv anew with it (a stand-in "Python 3.99" that makes stand-in venvs of itself).
     other = tmp_path / "python3.99"
     other.write_text(
-        '#!/bin/sh\nif [ "$1" = -c ]; then echo "(3, 99)"; exit; fi\n'
+        '#!/bin/sh\ncase "$2" in *version_info*) echo "(3, 99)"; exit;; esac\n'
         f'if [ "$1" = -m ] && [ "$2" = venv ]; then mkdir -p "$3/bin" && cp {other} "$3/bin/python"; exit; fi\n'
-        f'echo "$@" >> {tmp_path}/pip.log\n'
+        f'echo "$@" >> {tmp_path}/calls.log\n'
     )
     other.chmod(0o755)
-    assert make("install", f"PYTHON={other}") == ["-m pip install -e . -c requirements.lock"]
+    assert make("install", f"PYTHON={other}") == installs("-e . -c requirements.lock")
     assert python.read_text() == other.read_text()
     assert make("install", f"PYTHON={other}") == []
     # An interpreter that does not run is refused before anything is removed.
@@ -292,13 +302,23 @@ EXAMPLE_NAMES = re.compile(
 
 
 def project_venv(project: Path, venv: Path) -> Path:
-    """A venv of the project's own: a fresh interpreter in which pip resolves what the project's `make test`
-    would install, from its files alone (--dry-run: the 6 GB are not installed again); then the project
-    itself, editable (its distribution and commands), on top of this venv's packages, which a .pth file
-    lends it. Returns the venv's python."""
+    """A venv of the project's own: a fresh interpreter, with the pip its Makefile installs, in which pip
+    resolves what the project's `make test` would install, from its files alone (--dry-run: the 6 GB are not
+    installed again); then the project itself, editable (its distribution and commands), on top of this
+    venv's packages, which a .pth file lends it. Returns the venv's python."""
     subprocess.run([sys.executable, "-m", "venv", venv], check=True)
     python = venv / "bin" / "python"
-    extras = re.search(r"^TEST_EXTRAS := (\S+)$", (project / "Makefile").read_text(), flags=re.M)[1]
+    makefile = (project / "Makefile").read_text()
+    pip, extras = (
+        re.search(rf"^{name} := (\S+)$", makefile, flags=re.M)[1] for name in ("PIP_VERSION", "TEST_EXTRAS")
+    )
+    upgrade = subprocess.run(
+        [python, "-m", "pip", "install", "--quiet", f"pip=={pip}"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert upgrade.returncode == 0, upgrade.stderr[-3000:]
     resolve = subprocess.run(
         [python, "-m", "pip", "install", "--quiet", "--dry-run", "--report", venv / "report.json",
          "-e", f".[{extras}]", "-c", "requirements.lock"],
