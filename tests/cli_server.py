@@ -34,13 +34,15 @@ from pathlib import Path
 PRELOAD = ("torch", "torchvision", "torchmetrics", "lightning.pytorch", "hydra.utils", "omegaconf", "rich")
 
 # Environment variables read while these packages load; a command that sets them otherwise runs fresh.
-# (PYTHONPATH is not one: the child puts its entries on sys.path, as Python does at start.)
 IMPORT_TIME_PREFIXES = ("OMP_", "MKL_", "OPENBLAS_", "TORCH", "PYTORCH_", "CUDA_", "LD_", "PYTHON")
+# Those of them read only later, when used: PYTHONPATH (the child puts its entries on sys.path, as Python does
+# at start) and torch.compile's cache folder (read at each compile, by torch._inductor's cache_dir()).
+READ_WHEN_USED = ("PYTHONPATH", "TORCHINDUCTOR_CACHE_DIR")
 
 
 def env_matters(name: str) -> bool:
     """Whether the variable `name` is read when the preloaded packages are imported."""
-    return name.startswith(IMPORT_TIME_PREFIXES) and name != "PYTHONPATH"
+    return name.startswith(IMPORT_TIME_PREFIXES) and name not in READ_WHEN_USED
 
 
 def _child(request: dict, protocol: list, import_output: bytes) -> None:

@@ -141,10 +141,14 @@ def test_a_sharded_fsdp_checkpoint_directory_is_accepted(tmp_path: Path):
 def test_compiled_training_saves_checkpoints_that_eval_predict_and_export_load_without_compile(
     tmp_path: Path, data_dir: Path
 ):
+    # Whole batches only: a last, smaller batch compiles the graph once more (for dynamic shapes).
+    whole_batches = [f"+trainer.limit_{stage}_batches=2" for stage in ("val", "test")]
     compiled = run_cli(
         "train",
         *DIGITS_MLP,
         "trainer.max_epochs=1",
+        "+trainer.limit_train_batches=4",
+        *whole_batches,
         "model.compile=true",
         "callbacks=[default,throughput]",
         env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")},  # a cold, private compile cache
@@ -159,7 +163,9 @@ def test_compiled_training_saves_checkpoints_that_eval_predict_and_export_load_w
     names = torch.load(best, weights_only=True)["state_dict"].keys()
     assert not [name for name in names if "_orig_mod" in name]  # the plain net's parameter names
 
-    evaluated = run_cli("eval", *DIGITS_MLP, f"ckpt_path={best}", log_dir=tmp_path, data_dir=data_dir)
+    evaluated = run_cli(
+        "eval", *DIGITS_MLP, *whole_batches, f"ckpt_path={best}", log_dir=tmp_path, data_dir=data_dir
+    )
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     test_acc = last_metrics(only_run_dir(tmp_path, "eval"))["test/acc"]
     assert test_acc == pytest.approx(last_metrics(run_dir)["test/acc"])
@@ -176,6 +182,7 @@ def test_compiled_training_saves_checkpoints_that_eval_predict_and_export_load_w
     compiled_eval = run_cli(
         "eval",
         *DIGITS_MLP,
+        *whole_batches,
         "model.compile=true",
         f"ckpt_path={best}",
         env=cache,
