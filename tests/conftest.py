@@ -1,11 +1,13 @@
 """Shared fixtures: compose the real configs, and run the real command line, writing into tmp_path."""
 
 import csv
+import fcntl
 import os
+import shutil
 import socket
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -47,10 +49,28 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
+def built_once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], None]) -> Path:
+    """A folder of the session's that `build(folder)` filled once: with `pytest -n 2` the first of the two
+    test processes to ask builds it and the other waits for it, instead of both building their own."""
+    base = tmp_path_factory.getbasetemp()
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        base = base.parent  # each process's own base (popen-gw0, popen-gw1) is in the session's
+    folder = base / name
+    with open(base / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also when build() fails
+        if not (folder / ".built").exists():
+            shutil.rmtree(folder, ignore_errors=True)  # what a failed build left
+            folder.mkdir()
+            build(folder)
+            (folder / ".built").touch()
+    return folder
+
+
 @pytest.fixture(scope="session")
 def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One data dir for the whole session, so the mnist5k cache is parsed once."""
-    return tmp_path_factory.mktemp("data")
+    """One data dir for the whole session, so the mnist5k digits are parsed and the digit scenes built once.
+    Both test processes write their caches into it: each cache file is written whole, then renamed."""
+    return built_once(tmp_path_factory, "data", lambda folder: None)
 
 
 @pytest.fixture(scope="session")
@@ -59,11 +79,13 @@ def digits_run(tmp_path_factory: pytest.TempPathFactory, data_dir: Path) -> Path
     dir, checkpoints, run.json and CSV log): `python src/train.py data=digits model/net=mlp
     trainer.max_epochs=2 run_name=mlp`, the first thing the README has a user do. Its users read it and write
     their own outputs (eval and predict runs, exports with output=) into their own tmp_path."""
-    log_dir = tmp_path_factory.mktemp("digits_run")
-    overrides = ["data=digits", "model/net=mlp", "trainer.max_epochs=2", "run_name=mlp"]
-    result = run_cli("train", *overrides, log_dir=log_dir, data_dir=data_dir)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return log_dir / "train" / "runs" / "mlp"
+
+    def train(log_dir: Path) -> None:
+        overrides = ["data=digits", "model/net=mlp", "trainer.max_epochs=2", "run_name=mlp"]
+        result = run_cli("train", *overrides, log_dir=log_dir, data_dir=data_dir)
+        assert result.returncode == 0, result.stderr[-3000:]
+
+    return built_once(tmp_path_factory, "digits_run", train) / "train" / "runs" / "mlp"
 
 
 # A few scenes: enough for every class to appear in each split, seconds to train.
@@ -78,17 +100,13 @@ ONE_BATCH = [
 @pytest.fixture(scope="session")
 def segment_run(tmp_path_factory: pytest.TempPathFactory, data_dir: Path) -> Path:
     """`python src/train.py experiment=segment_digits` on a few scenes for two epochs, named `seg`."""
-    log_dir = tmp_path_factory.mktemp("segment_run")
-    overrides = [
-        "experiment=segment_digits",
-        *SMALL_SCENES,
-        "trainer.max_epochs=2",
-        "run_name=seg",
-        "logger=csv",
-    ]
-    result = run_cli("train", *overrides, log_dir=log_dir, data_dir=data_dir)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return log_dir / "train" / "runs" / "seg"
+
+    def train(log_dir: Path) -> None:
+        overrides = ["experiment=segment_digits", *SMALL_SCENES, "trainer.max_epochs=2", "run_name=seg"]
+        result = run_cli("train", *overrides, "logger=csv", log_dir=log_dir, data_dir=data_dir)
+        assert result.returncode == 0, result.stderr[-3000:]
+
+    return built_once(tmp_path_factory, "segment_run", train) / "train" / "runs" / "seg"
 
 
 def csv_unless_chosen(config_name: str, overrides: Sequence[str]) -> list[str]:
@@ -128,9 +146,11 @@ def cli_command(script: str, *overrides: str, log_dir: Path, data_dir: Path, lau
     return [sys.executable, *launcher, script_path, *csv_unless_chosen(script, overrides), *paths]
 
 
-def cli_env(**extra: str) -> dict[str, str]:
-    """The user's environment plus `extra`; HYDRA_FULL_ERROR=0 so that errors read as a user sees them."""
-    return {**os.environ, "HYDRA_FULL_ERROR": "0", **extra}
+def cli_env(**extra: str | None) -> dict[str, str]:
+    """The user's environment plus `extra` (None: without that variable); HYDRA_FULL_ERROR=0 so that errors
+    read as a user sees them."""
+    merged = {**os.environ, "HYDRA_FULL_ERROR": "0", **extra}
+    return {name: value for name, value in merged.items() if value is not None}
 
 
 def run_cli(
@@ -141,12 +161,12 @@ def run_cli(
     cwd: Path = ROOT,
     timeout: int = 300,
     launcher: Sequence[str] = (),
-    env: dict[str, str] | None = None,
+    env: dict[str, str | None] | None = None,
 ) -> subprocess.CompletedProcess:
     """Run `python src/<script>.py overrides...` as a user would; return the completed process.
 
-    `launcher` goes between python and the script, e.g. `["-m", "torch.distributed.run", ...]` for torchrun.
-    A command without one starts from the fork server (tests/cli_server.py), else as a fresh process.
+    `launcher` goes between python and the script, e.g. `["-m", "torch.distributed.run", ...]` for torchrun;
+    `env` is added to the user's environment (see cli_env). A command without a launcher starts from the fork server (tests/cli_server.py), else as a fresh process.
     """
     command = cli_command(script, *overrides, log_dir=log_dir, data_dir=data_dir, launcher=launcher)
     full_env = cli_env(**(env or {}))

@@ -70,13 +70,14 @@ def test_the_gpu_variant_without_a_gpu_says_so():
 
 
 # A training step's pattern: several big buffers allocated, used and freed together. In a fresh process
-# glibc hands them back to the OS on free, and the next step page-faults them all in again.
+# glibc hands them back to the OS on free, and the next step page-faults them all in again. (Only the extras
+# case imports what a run imports, Lightning and torch: 4 s; the others need the malloc setting alone.)
 STEP_PATTERN = """
 import resource, sys
-from omegaconf import OmegaConf
 from src.run.memory import keep_freed_memory
-from src.run.extras import apply_extras
 if sys.argv[1] == "extras":  # the shipped extras config, as every run applies it
+    from omegaconf import OmegaConf
+    from src.run.extras import apply_extras
     extras = OmegaConf.load("configs/extras/default.yaml")
     extras.print_config = False
     apply_extras(OmegaConf.create({"extras": extras, "tags": ["test"]}))

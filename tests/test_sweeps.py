@@ -3,6 +3,7 @@
 import csv
 import json
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -15,7 +16,7 @@ from optuna.trial import TrialState
 
 from hydra_plugins.optuna_sweeper.optuna_sweeper import parse_search
 from hydra_plugins.sweep_summary import write_summary
-from tests.conftest import ROOT, cli_command, cli_env, last_metrics, run_cli, wandb_run
+from tests.conftest import ROOT, built_once, cli_command, cli_env, last_metrics, run_cli, wandb_run
 
 DIGITS_MLP = ["data=digits", "model/net=mlp", "trainer.max_epochs=1"]
 # A rigged pruner: any trial whose val/acc_best is below 0.5 after an epoch is hopeless.
@@ -157,59 +158,67 @@ def test_a_bad_search_space_says_which_key(value: str, message: str):
         parse_search(OmegaConf.create({"lr": value}), [])
 
 
+@pytest.fixture(scope="session")
+def study(tmp_path_factory: pytest.TempPathFactory, data_dir: Path) -> Path:
+    """The log dir of one finished Optuna study of two one-epoch trials, and its output in output.txt. Tests
+    that continue it or run more against it work on a copy (`copy_of`)."""
+
+    def search(log_dir: Path) -> None:
+        result = optuna_sweep("hydra.sweeper.n_trials=2", log_dir=log_dir, data_dir=data_dir)
+        assert result.returncode == 0, result.stderr[-3000:]
+        (log_dir / "output.txt").write_text(result.stdout + result.stderr)
+
+    return built_once(tmp_path_factory, "study", search)
+
+
+def copy_of(study: Path, tmp_path: Path) -> Path:
+    shutil.copytree(study / "train", tmp_path / "train")
+    return tmp_path
+
+
 @pytest.mark.slow
-def test_optuna_search_stores_the_study_and_summarizes_its_trials(tmp_path: Path, data_dir: Path):
-    result = optuna_sweep(
-        "trainer.max_epochs=1", "hydra.sweeper.n_trials=4", log_dir=tmp_path, data_dir=data_dir
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    output = result.stdout + result.stderr
+def test_optuna_search_stores_the_study_and_summarizes_its_trials(study: Path):
+    output = (study / "output.txt").read_text()
     assert "alembic" not in output  # no database-layer noise
 
-    study = load_study(tmp_path)
-    assert [(t.number, t.state) for t in study.trials] == [(n, TrialState.COMPLETE) for n in range(4)]
+    trials = load_study(study).trials
+    assert [(t.number, t.state) for t in trials] == [(n, TrialState.COMPLETE) for n in range(2)]
     searched = {"model.optimizer.lr", "model.net.hidden_sizes", "model.net.dropout", "data.batch_size"}
-    assert set(study.trials[0].params) == searched
-    rows = {int(row["job"]): row for row in read_summary(study_dir(tmp_path))}
-    for trial in study.trials:  # trial N ran as job N, with the trial's values, and returned its value
-        job_dir = study_dir(tmp_path) / str(trial.number)
+    assert set(trials[0].params) == searched
+    rows = {int(row["job"]): row for row in read_summary(study_dir(study))}
+    for trial in trials:  # trial N ran as job N, with the trial's values, and returned its value
+        job_dir = study_dir(study) / str(trial.number)
         overrides = OmegaConf.load(job_dir / ".hydra" / "overrides.yaml")
         assert f"model.optimizer.lr={trial.params['model.optimizer.lr']}" in overrides
         assert f"model.net.hidden_sizes={trial.params['model.net.hidden_sizes']}" in overrides
         assert trial.value == pytest.approx(last_metrics(job_dir)["val/acc_best"])
         assert float(rows[trial.number]["val/acc_best"]) == pytest.approx(trial.value)
-    assert int(read_summary(study_dir(tmp_path))[0]["job"]) == study.best_trial.number
-    assert f"Best trial {study.best_trial.number}" in output
+    best = load_study(study).best_trial.number
+    assert int(read_summary(study_dir(study))[0]["job"]) == best
+    assert f"Best trial {best}" in output
 
 
 @pytest.mark.slow
 def test_rerunning_a_study_continues_it_without_repeating_or_overwriting_trials(
-    tmp_path: Path, data_dir: Path
+    study: Path, tmp_path: Path, data_dir: Path
 ):
-    first = optuna_sweep(
-        "trainer.max_epochs=1", "hydra.sweeper.n_trials=2", log_dir=tmp_path, data_dir=data_dir
-    )
-    assert first.returncode == 0, first.stderr[-3000:]
-    before = {n: (study_dir(tmp_path) / str(n) / "result.json").read_text() for n in (0, 1)}
+    log_dir = copy_of(study, tmp_path)  # two trials done
+    before = {n: (study_dir(log_dir) / str(n) / "result.json").read_text() for n in (0, 1)}
 
-    second = optuna_sweep(
-        "trainer.max_epochs=1", "hydra.sweeper.n_trials=4", log_dir=tmp_path, data_dir=data_dir
-    )
+    second = optuna_sweep("hydra.sweeper.n_trials=4", log_dir=log_dir, data_dir=data_dir)
     assert second.returncode == 0, second.stderr[-3000:]
-    study = load_study(tmp_path)
-    assert [(t.number, t.state) for t in study.trials] == [(n, TrialState.COMPLETE) for n in range(4)]
+    trials = load_study(log_dir).trials
+    assert [(t.number, t.state) for t in trials] == [(n, TrialState.COMPLETE) for n in range(4)]
     # The seeded sampler was not restarted from scratch: the new trials are not replays of the old ones.
-    assert study.trials[2].params != study.trials[0].params
-    assert study.trials[3].params != study.trials[1].params
-    assert before == {n: (study_dir(tmp_path) / str(n) / "result.json").read_text() for n in (0, 1)}
-    assert len(read_summary(study_dir(tmp_path))) == 4  # one summary for the whole study
+    assert trials[2].params != trials[0].params
+    assert trials[3].params != trials[1].params
+    assert before == {n: (study_dir(log_dir) / str(n) / "result.json").read_text() for n in (0, 1)}
+    assert len(read_summary(study_dir(log_dir))) == 4  # one summary for the whole study
 
-    third = optuna_sweep(
-        "trainer.max_epochs=1", "hydra.sweeper.n_trials=4", log_dir=tmp_path, data_dir=data_dir
-    )
+    third = optuna_sweep("hydra.sweeper.n_trials=4", log_dir=log_dir, data_dir=data_dir)
     assert third.returncode == 0, third.stderr[-3000:]
     assert "already has 4 finished trials" in third.stdout + third.stderr
-    assert len(load_study(tmp_path).trials) == 4
+    assert len(load_study(log_dir).trials) == 4
 
 
 @pytest.mark.slow
@@ -367,21 +376,21 @@ def test_a_pruning_monitor_that_is_never_logged_fails_the_trial_clearly(tmp_path
 
 
 @pytest.mark.slow
-def test_a_study_is_not_continued_with_another_search_or_direction(tmp_path: Path, data_dir: Path):
-    first = optuna_sweep("hydra.sweeper.n_trials=1", log_dir=tmp_path, data_dir=data_dir)
-    assert first.returncode == 0, first.stderr[-3000:]
-
+def test_a_study_is_not_continued_with_another_search_or_direction(
+    study: Path, tmp_path: Path, data_dir: Path
+):
+    log_dir = copy_of(study, tmp_path)
     fixed = optuna_sweep(
-        "hydra.sweeper.n_trials=2", "model.net.dropout=0.2", log_dir=tmp_path, data_dir=data_dir
+        "hydra.sweeper.n_trials=3", "model.net.dropout=0.2", log_dir=log_dir, data_dir=data_dir
     )
     assert fixed.returncode != 0
     assert "was started with another setup (model.net.dropout: no longer searched)" in fixed.stderr
     assert "hydra.sweeper.study_name=<new name>" in fixed.stderr
 
-    flipped = optuna_sweep("hydra.sweeper.n_trials=2", "mode=min", log_dir=tmp_path, data_dir=data_dir)
+    flipped = optuna_sweep("hydra.sweeper.n_trials=3", "mode=min", log_dir=log_dir, data_dir=data_dir)
     assert flipped.returncode != 0
     assert "direction: maximize -> minimize" in flipped.stderr
-    assert len(load_study(tmp_path).trials) == 1  # nothing ran
+    assert len(load_study(log_dir).trials) == 2  # nothing ran
 
 
 def test_a_new_study_does_not_overwrite_the_runs_of_an_earlier_one(tmp_path: Path, data_dir: Path):

@@ -20,7 +20,6 @@ from src.run.builder import build
 from src.run.record import git_state
 from tests.conftest import (
     ROOT,
-    cli_command,
     free_port,
     last_metrics,
     only_run_dir,
@@ -158,12 +157,10 @@ def test_wandb_offline_from_the_environment_alone_never_prompts(tmp_path: Path, 
 @pytest.mark.slow
 def test_wandb_online_without_a_login_fails_at_start_and_the_record_says_so(tmp_path: Path, data_dir: Path):
     # A user who never ran `wandb login`: a home of their own with no key in it, nothing in the environment.
-    env = {key: value for key, value in os.environ.items() if not key.startswith("WANDB_")}
-    env["HOME"] = str(tmp_path / "home")
-    result = subprocess.run(
-        cli_command("train", "debug=limit", *DIGITS_MLP, "logger=wandb", log_dir=tmp_path, data_dir=data_dir),
-        env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    env = {name: None for name in os.environ if name.startswith("WANDB_")} | {"HOME": str(tmp_path / "home")}
+    result = run_cli(
+        "train", "debug=limit", *DIGITS_MLP, "logger=wandb", log_dir=tmp_path, data_dir=data_dir, env=env
+    )
     assert result.returncode != 0 and "wandb login" in result.stderr
     record = json.loads((only_run_dir(tmp_path, "debug") / "run.json").read_text())
     assert record["status"] == "failed" and "API key" in record["error"]  # not "completed"
