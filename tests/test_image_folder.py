@@ -17,7 +17,7 @@ from PIL import Image
 
 from src.data.components.collate import pad_collate
 from src.data.components.example_images import CLASS_NAMES, make_example_images
-from src.data.mnist5k_datamodule import load_mnist5k
+from src.data.components.mnist5k_file import load_mnist5k
 from tests.conftest import ROOT, last_metrics, only_run_dir, run_cli
 
 SIZES = [(20, 24), (32, 32), (40, 28)]  # (width, height): mixed on purpose

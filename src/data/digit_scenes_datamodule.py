@@ -14,10 +14,10 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset, TensorDataset
 
+from src.data.components.mnist5k_file import load_mnist5k
 from src.data.components.tensor_batches import TensorBatches, keep_batch
 from src.data.datamodule import seeded_split
 from src.data.in_memory_datamodule import standard_transform
-from src.data.mnist5k_datamodule import load_mnist5k
 from src.data.segmentation_datamodule import SegmentationDataModule
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from src.data.mnist5k_datamodule import load_mnist5k
+from src.data.components.mnist5k_file import load_mnist5k
 
 log = logging.getLogger(__name__)
 
