@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import CONFIG_DIR, last_metrics, run_cli
+from tests.conftest import CONFIG_DIR, ROOT, last_metrics, run_cli
 
 # Groups whose options are walked, and the overrides each walk adds.
 FDR = ["debug=fdr"]
@@ -78,10 +78,21 @@ ALONE = {
 }
 
 
+# Options that another test runs in full, with more than one batch of each stage: not walked again here.
+RUN_IN_FULL = {("trainer", "ddp_spawn"): "tests/test_ddp.py"}  # two spawned processes, metrics synced
+
+
+def test_the_options_run_in_full_elsewhere_are_run_there():
+    for (group, option), test_file in RUN_IN_FULL.items():
+        assert f'"{group}={option}"' in (ROOT / test_file).read_text(), (group, option)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("group", GROUPS)
 def test_every_option_of_the_group_runs_or_says_what_it_needs(group: str, tmp_path: Path, data_dir: Path):
-    choices = [option for option in options(group) if (group, option) not in ALONE]
+    choices = [
+        option for option in options(group) if (group, option) not in ALONE.keys() | RUN_IN_FULL.keys()
+    ]
     rows = walk(group, choices, *GROUPS[group], tmp_path=tmp_path / "together", data_dir=data_dir)
     apart: dict[tuple[str, ...], list[str]] = {}  # options that share their overrides are walked together
     for (alone_group, option), overrides in ALONE.items():
