@@ -34,6 +34,7 @@ EXAMPLES = [
     "src/data/image_folder_datamodule.py",
     "configs/data/image_folder.yaml",
     "configs/experiment/mnist_images.yaml",
+    "configs/experiment/finetune_images.yaml",
     "scripts/make_example_images.py",
     "src/data/components/example_images.py",
     "tests/test_image_folder.py",

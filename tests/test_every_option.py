@@ -75,6 +75,8 @@ ALONE = {
     ("model", "segmenter"): ["data=digit_scenes"],
     ("model/net", "unet"): SEGMENTATION,
     ("model/net", "lraspp"): SEGMENTATION,
+    # Its pretrained weights are a download (no network here): from scratch, as its comment says to offline.
+    ("experiment", "finetune_images"): ["model.net.pretrained=false"],
 }
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import timm
 import torch
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
@@ -18,6 +19,7 @@ from PIL import Image
 from src.data.components.collate import pad_collate
 from src.data.components.example_images import CLASS_NAMES, make_example_images
 from src.data.components.mnist5k_file import load_mnist5k
+from src.run.preprocessing import follow_the_weights
 from tests.conftest import ROOT, last_metrics, only_run_dir, run_cli
 
 SIZES = [(20, 24), (32, 32), (40, 28)]  # (width, height): mixed on purpose
@@ -57,6 +59,7 @@ def image_folder(compose_cfg, tmp_path: Path):
 
     def _build(*overrides: str, setup: bool = True):
         cfg = compose_cfg("train", ["data=image_folder", f"data.image_dir={tmp_path}", *overrides])
+        follow_the_weights(cfg)
         datamodule = instantiate(cfg.data, _convert_="all")
         if setup:
             datamodule.setup("fit")
@@ -429,6 +432,7 @@ def test_the_example_experiment_pointed_at_your_own_files_names_the_key_still_to
         ],
     )
     cfg.paths.data_dir = str(tmp_path / "data")  # not the session's, where another test may have built them
+    follow_the_weights(cfg)
     datamodule = instantiate(cfg.data, _convert_="all")
     with pytest.raises(
         FileNotFoundError, match=r"^data\.test_label_file=.*mnist_images/test\.csv does not exist"
@@ -577,3 +581,38 @@ def test_the_image_folder_example_trains_to_90_percent_and_its_checkpoint_knows_
     assert (
         datamodule["transforms"]["val"]["_target_"] == "torchvision.transforms.v2.Compose"
     )  # the preprocessing
+
+
+# --- preprocessing that follows a pretrained net's weights (README, "Pretrained backbones") ---
+
+
+def test_preprocessing_follows_the_weights_unless_the_data_config_sets_it(compose_cfg):
+    pretrained = [
+        "data=image_folder",
+        "model/net=timm",
+        f"model.net.name={'test_resnet'}",
+        "model.net.pretrained=true",
+    ]
+    cfg = compose_cfg("train", [*pretrained, "data.input_shape=null"])
+    follow_the_weights(cfg)
+    weights = timm.get_pretrained_cfg("test_resnet")
+    assert cfg.data.input_shape == [3, 160, 160]  # the weights' size, with image_mode RGB's channels
+    assert cfg.data.mean == list(weights.mean) and cfg.data.std == list(weights.std)
+    assert cfg.data.interpolation == weights.interpolation
+    resize = cfg.data.transforms.val.transforms[1]  # the data's transforms read the filled keys
+    assert resize.interpolation == weights.interpolation and list(resize.size) == [160, 160]
+
+    cfg = compose_cfg("train", [*pretrained, "data.mean=[0.5,0.5,0.5]", "data.interpolation=nearest"])
+    follow_the_weights(cfg)
+    assert cfg.data.mean == [0.5, 0.5, 0.5] and cfg.data.interpolation == "nearest"  # the data config wins
+    assert cfg.data.std == list(weights.std) and cfg.data.input_shape == [3, 64, 64]
+
+    cfg = compose_cfg("train", ["data=image_folder", "data.image_mode=L", "data.input_shape=null"])
+    with pytest.raises(
+        ValueError,
+        match=r"data.input_shape=null takes the size of the net's pretrained weights, but model/net=SimpleCNN has none; give the size, e.g. data.input_shape=\[1,64,64\]",
+    ):
+        follow_the_weights(cfg)
+    cfg = compose_cfg("train", ["data=image_folder", "data.image_mode=L"])
+    follow_the_weights(cfg)  # no weights: ImageNet's statistics, averaged over the colours for grayscale
+    assert cfg.data.mean == [pytest.approx(0.449)] and cfg.data.interpolation == "bilinear"

@@ -65,6 +65,7 @@ class ImageFolderDataModule(ClassificationDataModule):
         image_mode: str = "RGB",
         mean: Sequence[float] | None = None,
         std: Sequence[float] | None = None,
+        interpolation: str | None = None,
         transforms: dict[str, Any] | None = None,
         collate: str = "stack",
         skip_corrupt: bool = False,

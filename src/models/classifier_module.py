@@ -39,6 +39,9 @@ class ClassifierModule(TaskModule):
         preprocessing: dict | None = None,
         monitor: str = "val/acc",
         mode: str = "max",
+        freeze_backbone_epochs: int = 0,
+        backbone_lr_scale: float = 1.0,
+        decay_norm_and_bias: bool = False,
     ) -> None:
         super().__init__(
             net=net,
@@ -50,6 +53,9 @@ class ClassifierModule(TaskModule):
             preprocessing=preprocessing,
             monitor=monitor,
             mode=mode,
+            freeze_backbone_epochs=freeze_backbone_epochs,
+            backbone_lr_scale=backbone_lr_scale,
+            decay_norm_and_bias=decay_norm_and_bias,
             num_classes=num_classes,
             class_names=class_names,
         )

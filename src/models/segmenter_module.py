@@ -55,6 +55,9 @@ class SegmenterModule(TaskModule):
         preprocessing: dict | None = None,
         monitor: str = "val/miou",
         mode: str = "max",
+        freeze_backbone_epochs: int = 0,
+        backbone_lr_scale: float = 1.0,
+        decay_norm_and_bias: bool = False,
     ) -> None:
         if dice_weight < 0:
             raise ValueError(f"model.dice_weight={dice_weight} must be 0 (cross-entropy only) or more")
@@ -73,6 +76,9 @@ class SegmenterModule(TaskModule):
             preprocessing=preprocessing,
             monitor=monitor,
             mode=mode,
+            freeze_backbone_epochs=freeze_backbone_epochs,
+            backbone_lr_scale=backbone_lr_scale,
+            decay_norm_and_bias=decay_norm_and_bias,
             num_classes=num_classes,
             ignore_index=ignore_index,
             dice_weight=dice_weight,

@@ -2,11 +2,12 @@
 
 `build` runs four steps, each below as its own function, in the order that matters:
 
-1. `prepare`: the preflight checks, extras and seeding, before anything is instantiated, so that a bad
-   config fails in a second and every object is created under the same seed;
+1. `prepare`: the data keys that follow the net's pretrained weights, the preflight checks, extras and
+   seeding, before anything is instantiated, so that a bad config fails in a second and every object is
+   created under the same seed;
 2. `instantiate_run`: datamodule, model, and (for the tasks that use one) callbacks, loggers and trainer;
-3. `recorded`: the run record (run.json) at the start and at the end, however the run ends, and the
-   resolved config logged as the run's hyperparameters;
+3. `recorded`: the run record (run.json) at the start and at the end, however the run ends (with what the
+   callbacks add, `callback_entries`), and the resolved config logged as the run's hyperparameters;
 4. on the way out, the distributed state is cleaned up, so the next job of a multirun starts from scratch.
 """
 
@@ -31,6 +32,7 @@ from src.launch import environment, hydra_ddp
 from src.run import preflight
 from src.run import record as run_record
 from src.run.extras import apply_extras
+from src.run.preprocessing import follow_the_weights
 from src.run.resume import Resume
 
 log = logging.getLogger(__name__)
@@ -74,7 +76,8 @@ def build(
 
 
 def prepare(cfg: DictConfig) -> None:
-    """What happens before anything is instantiated: checks, extras, seed."""
+    """What happens before anything is instantiated: the data keys that follow the net's pretrained weights,
+    checks, extras, seed."""
     if HydraConfig.initialized():
         # Imported before Hydra set up logging (by a module that imports lightning at its top), Lightning gives
         # its loggers a console handler of their own and stops their records there: they would miss the run's
@@ -82,6 +85,7 @@ def prepare(cfg: DictConfig) -> None:
         for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
             logging.getLogger(name).handlers.clear()
             logging.getLogger(name).propagate = True
+    follow_the_weights(cfg)
     preflight.check_run(cfg)
     apply_extras(cfg)
     if cfg.get("seed") is not None:  # seed 0 is a seed
@@ -241,7 +245,18 @@ def recorded(run: Run, resume: Resume | None) -> Iterator[None]:
         raise
     finally:
         if record is not None:
+            record |= callback_entries(run)
             run_record.write_end(record, run.cfg.paths.output_dir, run.metrics, error)
+
+
+def callback_entries(run: Run) -> dict[str, Any]:
+    """What the run's callbacks add to run.json when it ends: a callback with a `run_record()` method returns
+    its entries (the lr_finder's suggestion)."""
+    entries: dict[str, Any] = {}
+    for callback in run.trainer.callbacks if run.trainer is not None else []:
+        if callable(getattr(callback, "run_record", None)):
+            entries |= callback.run_record()
+    return entries
 
 
 def log_hyperparameters(run: Run, record: dict[str, Any]) -> None:
