@@ -4,6 +4,7 @@ import os
 import signal
 
 import lightning as L
+import torch
 
 
 class InterruptAtStep(L.Callback):
@@ -26,3 +27,28 @@ class KillAtStep(L.Callback):
         step = os.environ.get("KILL_AT_STEP")
         if step is not None and trainer.global_step == int(step):
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+class RecordWeights(L.Callback):
+    """Keeps the module's state after every optimizer step and saves the list to `path` when training ends:
+    the raw weights a test recomputes a weight average from."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.steps: list[dict[str, torch.Tensor]] = []
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args, **kwargs) -> None:
+        self.steps.append({name: value.detach().clone() for name, value in pl_module.state_dict().items()})
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        torch.save(self.steps, self.path)
+
+
+class InterruptInValidation(L.Callback):
+    """Raises KeyboardInterrupt (as Ctrl+C would) in the middle of the validation that follows the optimizer step
+    $INTERRUPT_IN_VALIDATION_AT_STEP, if that is set."""
+
+    def on_validation_batch_end(self, trainer: L.Trainer, *args, **kwargs) -> None:
+        step = os.environ.get("INTERRUPT_IN_VALIDATION_AT_STEP")
+        if step is not None and not trainer.sanity_checking and trainer.global_step == int(step):
+            raise KeyboardInterrupt

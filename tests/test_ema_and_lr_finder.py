@@ -1,0 +1,245 @@
+"""Two training aids, each one documented override away: an exponential moving average of the weights
+(`'callbacks=[default,ema]'`) and a learning-rate search before training (`'callbacks=[default,lr_finder]'`)."""
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from lightning.pytorch.tuner.lr_finder import _LRFinder
+from PIL import Image
+
+from src import inference
+from src.callbacks.lr_finder import steepest_descent
+from src.run import preflight
+from src.run.checkpoints import load_checkpoint
+from tests.conftest import CONFIG_DIR, ROOT, built_once, run_cli
+
+WITH_TESTS = {"PYTHONPATH": str(ROOT)}  # so Hydra can load tests.helpers
+# Digits + MLP, 2 epochs of 6 steps, deterministic; the latest state saved every 4 steps, so a run killed at
+# step 9 (KILL_AT_STEP, in the middle of epoch 1) resumes from step 8.
+SHORT = [
+    "data=digits", "model/net=mlp", "trainer.max_epochs=2", "+trainer.limit_train_batches=6",
+    "trainer.deterministic=true", "callbacks.last_checkpoint.every_n_train_steps=4",
+    "+callbacks.kill._target_=tests.helpers.KillAtStep",
+]  # fmt: skip
+DECAY = 0.8  # short runs: an average over the last few steps, far enough from the raw weights to tell apart
+EMA = [*SHORT, "callbacks=[default,ema]", f"callbacks.ema.decay={DECAY}"]
+# A cosine schedule: built with the optimizer, it must start from the rate found too.
+LR_FINDER = [
+    *SHORT, "model/scheduler=cosine", "callbacks=[default,lr_finder]",
+    "callbacks.lr_finder.num_training_steps=30", "test=false",
+]  # fmt: skip
+RECORD_WEIGHTS = [
+    "+callbacks.record._target_=tests.helpers.RecordWeights",
+    "+callbacks.record.path=${paths.output_dir}/weights_by_step.pt",
+]
+
+
+def train_once(tmp_path_factory, data_dir: Path, name: str, overrides: list[str]) -> Path:
+    """The run dir of `python src/train.py <overrides> run_name=<name>`, trained once for the session."""
+
+    def train(log_dir: Path) -> None:
+        result = run_cli(
+            "train", *overrides, f"run_name={name}", log_dir=log_dir, data_dir=data_dir, env=WITH_TESTS
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+
+    return built_once(tmp_path_factory, f"{name}_run", train) / "train" / "runs" / name
+
+
+@pytest.fixture(scope="session")
+def ema_run(tmp_path_factory, data_dir: Path) -> Path:
+    """A run with the average, which also saves its raw weights after every step (weights_by_step.pt)."""
+    return train_once(tmp_path_factory, data_dir, "ema", [*EMA, *RECORD_WEIGHTS])
+
+
+@pytest.fixture(scope="session")
+def lr_finder_run(tmp_path_factory, data_dir: Path) -> Path:
+    return train_once(tmp_path_factory, data_dir, "lr", LR_FINDER)
+
+
+def killed_and_resumed(overrides: list[str], tmp_path: Path, data_dir: Path) -> tuple[Path, str]:
+    """A named run killed with SIGKILL at step 9, then run again with the same command: its run dir, and what
+    the second attempt printed."""
+    common = [*overrides, "run_name=killed"]
+    killed = run_cli(
+        "train", *common, log_dir=tmp_path, data_dir=data_dir, env=WITH_TESTS | {"KILL_AT_STEP": "9"}
+    )
+    assert killed.returncode == -9  # no handler, no last words: it resumes from last.ckpt of step 8
+    run_dir = tmp_path / "train" / "runs" / "killed"
+    assert load_checkpoint(run_dir / "checkpoints" / "last.ckpt")["global_step"] == 8
+    resumed = run_cli("train", *common, log_dir=tmp_path, data_dir=data_dir, env=WITH_TESTS)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    return run_dir, resumed.stdout + resumed.stderr
+
+
+def assert_same_tensors(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[name], b[name]) for name in b), [n for n in b if not torch.equal(a[n], b[n])]
+
+
+@pytest.mark.parametrize("name", ["ema", "lr_finder"])
+def test_each_turns_on_with_its_documented_override(compose_cfg, name: str):
+    override = f"callbacks=[default,{name}]"
+    assert f"'{override}'" in (CONFIG_DIR / "callbacks" / f"{name}.yaml").read_text()
+    assert f"{name}:" in (CONFIG_DIR / "callbacks" / "default.yaml").read_text()  # listed in the header
+    assert set(compose_cfg("train", [override]).callbacks) == set(compose_cfg("train").callbacks) | {name}
+
+
+# --- ema ---
+
+
+def ema_of(steps: list[dict[str, torch.Tensor]], decay: float) -> dict[str, torch.Tensor]:
+    """The net's floating-point tensors averaged over `steps`: the first copied, then
+    average = decay * average + (1 - decay) * weights (integer buffers, BatchNorm's step count, left out)."""
+    average = {name: value.clone() for name, value in steps[0].items() if name.startswith("net.")}
+    average = {name: value for name, value in average.items() if value.is_floating_point()}
+    for step in steps[1:]:
+        average = {name: decay * value + (1 - decay) * step[name] for name, value in average.items()}
+    return average
+
+
+def test_the_average_is_what_best_ckpt_holds_and_what_test_eval_predict_and_export_use(
+    ema_run: Path, tmp_path: Path, data_dir: Path
+):
+    best = load_checkpoint(ema_run / "checkpoints" / "best.ckpt")
+    steps = torch.load(ema_run / "weights_by_step.pt", weights_only=True)
+    expected = ema_of(steps[: best["global_step"]], DECAY)
+    averaged, raw = best["state_dict"], best["current_model_state"]
+    for name, value in expected.items():
+        torch.testing.assert_close(averaged[name], value, rtol=1e-6, atol=1e-7)
+        assert torch.equal(raw[name], steps[best["global_step"] - 1][name])  # the raw weights, kept beside
+    assert max((averaged[name] - raw[name]).abs().max().item() for name in expected) > 1e-2
+
+    # The test after training ran on the average too: eval.py, which knows nothing of the average and loads
+    # best.ckpt's state_dict, gets the same numbers.
+    result = run_cli("eval", f"run_dir={ema_run}", log_dir=tmp_path, data_dir=data_dir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (eval_dir,) = (tmp_path / "eval" / "runs").iterdir()
+    trained = json.loads((ema_run / "run.json").read_text())["final_metrics"]
+    evaluated = json.loads((eval_dir / "run.json").read_text())["final_metrics"]
+    assert evaluated["test/loss"] == pytest.approx(trained["test/loss"], rel=1e-6)
+
+    # predict and export load the model as below (weights_only=True): the average.
+    source = inference.Source(ema_run / "checkpoints" / "best.ckpt", run_config=None)
+    loaded = inference.load_model(source).state_dict()
+    for name, value in expected.items():
+        torch.testing.assert_close(loaded[name], value, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.slow
+def test_a_killed_run_resumes_both_the_raw_weights_and_the_average(
+    ema_run: Path, tmp_path: Path, data_dir: Path
+):
+    run_dir, _ = killed_and_resumed(EMA, tmp_path, data_dir)
+    resumed = load_checkpoint(run_dir / "checkpoints" / "last.ckpt")
+    straight = load_checkpoint(ema_run / "checkpoints" / "last.ckpt")
+    for key in ("state_dict", "current_model_state", "averaging_state"):  # average, raw weights, step count
+        assert_same_tensors(resumed[key], straight[key])
+    assert resumed["averaging_state"]["n_averaged"] == straight["global_step"] == 12
+
+
+def test_an_interrupt_during_validation_saves_the_raw_weights_and_the_average_apart(
+    ema_run: Path, tmp_path: Path, data_dir: Path
+):
+    # Validation runs with the average swapped into the module; Ctrl+C in its middle (after step 6) must not
+    # save them the other way round.
+    stop = "+callbacks.stop._target_=tests.helpers.InterruptInValidation"
+    result = run_cli(
+        "train", *EMA, stop, "run_name=stopped", log_dir=tmp_path, data_dir=data_dir,
+        env=WITH_TESTS | {"INTERRUPT_IN_VALIDATION_AT_STEP": "6"},
+    )  # fmt: skip
+    assert result.returncode != 0
+    saved = load_checkpoint(tmp_path / "train" / "runs" / "stopped" / "checkpoints" / "interrupted.ckpt")
+    steps = torch.load(ema_run / "weights_by_step.pt", weights_only=True)
+    assert saved["global_step"] == 6
+    for name, value in ema_of(steps[:6], DECAY).items():
+        torch.testing.assert_close(saved["state_dict"][name], value, rtol=1e-6, atol=1e-7)
+        assert torch.equal(saved["current_model_state"][name], steps[5][name])
+
+
+def test_a_weights_only_best_checkpoint_is_refused_with_the_average(compose_cfg):
+    # Lightning saves a weights-only checkpoint without asking the callbacks: it would hold the raw weights.
+    cfg = compose_cfg(
+        "train", ["callbacks=[default,ema]", "callbacks.model_checkpoint.save_weights_only=true"]
+    )
+    with pytest.raises(ValueError, match=r"keep callbacks\.model_checkpoint\.save_weights_only=false"):
+        preflight.check_run(cfg)
+
+
+# --- lr_finder ---
+
+
+def test_the_rate_found_trains_the_run_and_is_saved_with_its_curve(lr_finder_run: Path):
+    found = json.loads((lr_finder_run / "lr_finder.json").read_text())
+    suggestion = found["suggestion"]
+    assert len(found["lr"]) == len(found["loss"]) == 30
+    assert found["lr"][0] == 1e-8 < suggestion < 1.0 == found["max_lr"]
+    assert json.loads((lr_finder_run / "run.json").read_text())["lr_finder"] == {"suggestion": suggestion}
+    with Image.open(lr_finder_run / "lr_finder.png") as picture:
+        assert picture.format == "PNG" and picture.width > 100
+
+    last = load_checkpoint(lr_finder_run / "checkpoints" / "last.ckpt")
+    assert last["global_step"] == 12  # the search's steps were undone: training took its own 12
+    assert last["hyper_parameters"]["optimizer"]["lr"] == suggestion  # what later loads say trained it
+    assert last["optimizer_states"][0]["param_groups"][0]["initial_lr"] == suggestion
+    assert last["lr_schedulers"][0]["base_lrs"] == [suggestion]  # the scheduler was built with it too
+    with open(lr_finder_run / "csv" / "version_0" / "metrics.csv") as file:
+        rates = [float(row["lr-Adam"]) for row in csv.DictReader(file) if row.get("lr-Adam")]
+    assert rates[0] == pytest.approx(suggestion, rel=1e-6)  # the rate of the first epoch's steps (lr_monitor)
+
+
+@pytest.mark.slow
+def test_a_killed_run_resumes_with_the_rate_found_without_searching_again(
+    lr_finder_run: Path, tmp_path: Path, data_dir: Path
+):
+    run_dir, printed = killed_and_resumed(LR_FINDER, tmp_path, data_dir)
+    assert "the learning rate is not searched again" in printed and "Finding best initial lr" not in printed
+    suggestion = json.loads((run_dir / "lr_finder.json").read_text())["suggestion"]  # the first attempt's
+    assert json.loads((run_dir / "run.json").read_text())["lr_finder"] == {"suggestion": suggestion}
+    resumed = load_checkpoint(run_dir / "checkpoints" / "last.ckpt")
+    assert resumed["hyper_parameters"]["optimizer"]["lr"] == suggestion
+    assert_same_tensors(
+        resumed["state_dict"], load_checkpoint(lr_finder_run / "checkpoints" / "last.ckpt")["state_dict"]
+    )
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        (["trainer=ddp_sim"], "trainer=ddp_sim: trainer.strategy=ddp, trainer.devices=2"),
+        (["trainer=ddp_spawn", "trainer.accelerator=cpu", "trainer.devices=2"], "trainer.devices=2"),
+        (["trainer=cpu", "trainer.devices=2"], "trainer=cpu: trainer.devices=2"),
+        (["trainer.num_nodes=2"], "trainer.num_nodes=2"),
+    ],
+)
+def test_the_lr_finder_is_refused_under_ddp_before_anything_starts(compose_cfg, overrides, named):
+    cfg = compose_cfg("train", ["callbacks=[default,lr_finder]", *overrides])
+    with pytest.raises(ValueError) as refused:
+        preflight.check_run(cfg)
+    message = str(refused.value)
+    assert message.startswith(
+        "callbacks.lr_finder finds the learning rate in one process, but this run trains"
+    )
+    assert (
+        named in message and "train with model.optimizer.lr=<its suggestion> and without lr_finder" in message
+    )
+    assert "\n" not in message
+    preflight.check_run(compose_cfg("train", ["callbacks=[default,lr_finder]", "trainer=cpu"]))  # one process
+
+
+def test_the_suggestion_is_the_steepest_descent_on_the_log_scale_of_the_rates():
+    # Flat with a little noise at tiny rates, then the loss falls between 1e-3 and 1e-1. Lightning 2.6 takes the
+    # slope against the rate itself, where a step of 1e-8 between tiny rates magnifies any wiggle.
+    lrs = [10 ** (-8 + 8 * i / 99) for i in range(100)]
+    losses = [2.3 - min(1.0, max(0.0, (math.log10(lr) + 3) / 2)) for lr in lrs]
+    losses[30] -= 0.01  # a wiggle around 2e-6
+    finder = _LRFinder("exponential", 1e-8, 1.0, 100)
+    finder.results = {"lr": lrs, "loss": losses}
+    assert finder.suggestion() < 1e-5  # Lightning's: the wiggle
+    best = steepest_descent(finder.results, "exponential")
+    assert 1e-3 < lrs[best] < 1e-1  # ours: on the descent
+    assert steepest_descent({"lr": lrs[:11], "loss": losses[:11]}, "exponential") is None  # too few points
