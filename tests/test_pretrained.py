@@ -254,3 +254,57 @@ def test_help_config_printing_and_the_default_run_do_not_import_timm(tmp_path: P
         )
         assert done.returncode == 0, done.stderr[-3000:]
         assert "timm imported: False" in done.stdout, overrides
+
+
+class Phases(L.Callback):
+    """At each training batch: the epoch, whether the backbone is frozen, and whether its norms train."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[int, bool, bool]] = []
+
+    def on_train_batch_start(self, trainer: L.Trainer, module: L.LightningModule, *args) -> None:
+        head = set(module.net.head_module().parameters())
+        backbone = [p for p in module.net.parameters() if p not in head]
+        norms = [
+            m for m in module.net.modules() if is_norm(m) and m not in set(module.net.head_module().modules())
+        ]
+        self.seen.append(
+            (
+                trainer.current_epoch,
+                not any(p.requires_grad for p in backbone),
+                any(m.training for m in norms),
+            )
+        )
+
+
+class SaveAndDieAtStep(L.Callback):
+    """A mid-epoch checkpoint at optimizer step `step` (as last_checkpoint writes them), then the run dies."""
+
+    def __init__(self, step: int, path: Path) -> None:
+        self.step, self.path = step, path
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args) -> None:
+        if trainer.global_step == self.step:
+            trainer.save_checkpoint(self.path)
+            raise RuntimeError("killed")
+
+
+def test_a_run_resumed_in_the_middle_of_the_frozen_epoch_is_still_frozen_then_unfreezes(tmp_path: Path):
+    L.seed_everything(0)
+    data = DataLoader(TensorDataset(torch.randn(64, 1, 16, 16), torch.randint(0, 4, (64,))), batch_size=16)
+    quiet = {
+        "logger": False,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+        "default_root_dir": tmp_path,
+    }
+    first = L.Trainer(max_epochs=2, callbacks=[SaveAndDieAtStep(2, tmp_path / "killed.ckpt")], **quiet)
+    with pytest.raises(RuntimeError, match="killed"):  # at step 2 of the 4 of epoch 0
+        first.fit(finetuning_module(freeze_backbone_epochs=1), data, data)
+
+    phases = Phases()
+    resumed = L.Trainer(max_epochs=2, callbacks=[phases], **quiet)
+    resumed.fit(finetuning_module(freeze_backbone_epochs=1), data, data, ckpt_path=tmp_path / "killed.ckpt")
+    # Lightning skips on_train_epoch_start when it resumes mid-epoch: the phase is set at on_train_start too.
+    assert phases.seen[:2] == [(0, True, False), (0, True, False)]  # the rest of epoch 0: frozen
+    assert phases.seen[2:] == [(1, False, True)] * 4  # epoch 1: everything trains
