@@ -308,3 +308,25 @@ def test_a_run_resumed_in_the_middle_of_the_frozen_epoch_is_still_frozen_then_un
     # Lightning skips on_train_epoch_start when it resumes mid-epoch: the phase is set at on_train_start too.
     assert phases.seen[:2] == [(0, True, False), (0, True, False)]  # the rest of epoch 0: frozen
     assert phases.seen[2:] == [(1, False, True)] * 4  # epoch 1: everything trains
+
+
+def test_bad_pretrained_net_settings_name_the_key_and_what_is_valid(tmp_path: Path):
+    with pytest.raises(FileNotFoundError, match=r"model.net.weights_file=.*missing.pth is not a file"):
+        TimmNet(TIMM, input_shape=[3, 32, 32], num_classes=10, weights_file=str(tmp_path / "missing.pth"))
+    with pytest.raises(FileNotFoundError, match=r"model.net.weights_file=.*missing.pth is not a file"):
+        TorchvisionNet("resnet18", [3, 32, 32], 10, weights_file=str(tmp_path / "missing.pth"))
+    with pytest.raises(
+        ValueError, match=r"model.net.name=resnet18 takes 1 or 3 channels, not data.input_shape\[0\]=4"
+    ):
+        TorchvisionNet("resnet18", [4, 32, 32], 10)
+    with pytest.raises(
+        ValueError,
+        match=r"model.net.name=resnet50x is not a torchvision classification model; choose one of alexnet",
+    ):
+        TorchvisionNet("resnet50x", [3, 32, 32], 10)
+    with pytest.raises(
+        ValueError, match=r"model.freeze_backbone_epochs=-1 must be 0 \(never frozen\) or more"
+    ):
+        finetuning_module(freeze_backbone_epochs=-1)
+    with pytest.raises(ValueError, match=r"model.backbone_lr_scale=-0.1 must be 0 or more"):
+        finetuning_module(backbone_lr_scale=-0.1)
