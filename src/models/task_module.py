@@ -289,7 +289,7 @@ class TaskModule(L.LightningModule):
     def on_test_epoch_end(self) -> None:
         self._log_stage("test")
 
-    # --- fine-tuning: a frozen backbone at first, a slower one after (nets with a head_module(): timm, torchvision) ---
+    # --- fine-tuning: a frozen backbone at first, a slower one after (nets with head_module(): timm, torchvision) ---
 
     def on_train_start(self) -> None:
         # Also here, not only at each epoch's start: a run resumed mid-epoch skips that hook, and must land

@@ -10,6 +10,7 @@ Such a net says two things the rest of the template reads:
   so the datamodule's transforms, the checkpoints' preprocessing and so predict and export all use them.
 """
 
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -27,6 +28,13 @@ def weights_preprocessing(
         "interpolation": str(interpolation),
         "source": source,
     }
+
+
+def check_weights_file(weights_file: str) -> str:
+    """`model.net.weights_file` as a string, once it is known to be a file."""
+    if not Path(weights_file).is_file():
+        raise FileNotFoundError(f"model.net.weights_file={weights_file} is not a file")
+    return str(weights_file)
 
 
 def check_input_size(model: nn.Module, input_shape: list[int], what: str, weights_size: list[int]) -> None:

@@ -1,13 +1,12 @@
 """Any timm model (https://github.com/huggingface/pytorch-image-models) as a classifier net, from scratch or from
 its pretrained weights, downloaded or already on disk."""
 
-from pathlib import Path
 from typing import Any
 
 import timm
 from torch import Tensor, nn
 
-from src.models.components.pretrained import check_input_size, weights_preprocessing
+from src.models.components.pretrained import check_input_size, check_weights_file, weights_preprocessing
 
 
 class TimmNet(nn.Module):
@@ -31,11 +30,7 @@ class TimmNet(nn.Module):
     ) -> None:
         super().__init__()
         _check_name(name)
-        overlay = None
-        if weights_file is not None:
-            if not Path(weights_file).is_file():
-                raise FileNotFoundError(f"model.net.weights_file={weights_file} is not a file")
-            overlay = {"file": str(weights_file)}
+        overlay = {"file": check_weights_file(weights_file)} if weights_file is not None else None
         try:
             self.model = timm.create_model(
                 name,

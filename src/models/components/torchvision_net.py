@@ -1,14 +1,13 @@
 """A torchvision classification model (`torchvision.models`) as a classifier net, from scratch or from its
 pretrained weights, downloaded or already on disk."""
 
-from pathlib import Path
 from typing import Any
 
 import torch
 import torchvision
 from torch import Tensor, nn
 
-from src.models.components.pretrained import check_input_size, weights_preprocessing
+from src.models.components.pretrained import check_input_size, check_weights_file, weights_preprocessing
 
 
 class TorchvisionNet(nn.Module):
@@ -39,10 +38,8 @@ class TorchvisionNet(nn.Module):
         self.repeat = 3 if input_shape[0] == 1 else 1
         enum = _weights(name, weights) if weights is not None else None
         if weights_file is not None:
-            if not Path(weights_file).is_file():
-                raise FileNotFoundError(f"model.net.weights_file={weights_file} is not a file")
             self.model = torchvision.models.get_model(name, weights=None, **kwargs)
-            state = torch.load(weights_file, map_location="cpu", weights_only=True)
+            state = torch.load(check_weights_file(weights_file), map_location="cpu", weights_only=True)
             try:
                 self.model.load_state_dict(state)
             except RuntimeError as err:
@@ -88,9 +85,8 @@ class TorchvisionNet(nn.Module):
         if self.repeat > 1:
             x = x.expand(-1, self.repeat, -1, -1)
         out = self.model(x)
-        return (
-            out if isinstance(out, Tensor) else out[0]
-        )  # GoogLeNet and Inception add auxiliary logits in training
+        # GoogLeNet and Inception return auxiliary logits beside the main ones in training.
+        return out if isinstance(out, Tensor) else out[0]
 
 
 def _check_name(name: str) -> None:

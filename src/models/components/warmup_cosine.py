@@ -34,9 +34,8 @@ class WarmupCosine(LRScheduler):
             )
         if warmup_steps < 0:
             raise ValueError(f"model.scheduler.warmup_steps={warmup_steps} must be 0 (no warm-up) or more")
-        if (
-            warmup_steps > total_steps
-        ):  # a short run (a debug preset, a small dataset): warm up over all of it
+        if warmup_steps > total_steps:
+            # A short run (a debug preset, a small dataset): the warm-up takes all of it.
             log.warning(
                 f"model.scheduler.warmup_steps={warmup_steps} is longer than the run's {total_steps} optimizer "
                 "steps: the learning rate rises over the whole run"
