@@ -14,7 +14,7 @@ PIP_VERSION := 26.1.2
 # few files that are not Python 3 (a test helper of torch's).
 COMPILE := $(PY) -c "import compileall, sysconfig; compileall.compile_dir(sysconfig.get_path('purelib'), quiet=2, workers=0)"
 # What `make test` installs on top of the project: the dev tools and every optional integration the tests cover.
-TEST_EXTRAS := dev,mlflow,export,deepspeed
+TEST_EXTRAS := dev,mlflow,export,deepspeed,postgres
 # One stamp per install: each reruns when pyproject.toml, the lock or the install settings change.
 STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test

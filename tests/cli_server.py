@@ -9,6 +9,9 @@ files, `__main__` run from the script file, exit status as Python gives it (1 on
 atexit handlers run at exit. The project's own modules (`src`, `hydra_plugins`, `tests`) are never imported
 here, so each command imports them afresh, import-time code included.
 
+A test can also start a command in the background (`start`, for commands that must run at the same time):
+the server answers with its pid and goes on serving; the command's exit status arrives in a file.
+
 What a forked child cannot reproduce, it does not try: a command whose environment differs from the
 server's in a variable read when torch or its libraries load (`OMP_NUM_THREADS`, `TORCH_*`, `CUDA_*`, ...)
 runs as a fresh process instead, and so does any command when the server is busy or gone
@@ -28,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import traceback
 from pathlib import Path
 
@@ -128,6 +132,19 @@ def serve() -> None:
     # do not walk it and so do not copy its memory pages (2.8 s of CPU a command before, 0.9 s after; the
     # fork-server use that gc.freeze's documentation describes).
     gc.freeze()
+    # Commands started in the background (`"background": true`, Client.start): the server goes on serving, and
+    # writes each one's exit status into its `returncode` file when it ends.
+    background: dict[int, str] = {}
+
+    def reap(*_: object) -> None:
+        for pid, path in list(background.items()):
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                Path(f"{path}.tmp").write_text(str(os.waitstatus_to_exitcode(status)))
+                os.replace(f"{path}.tmp", path)
+                del background[pid]
+
+    signal.signal(signal.SIGCHLD, reap)
     print(json.dumps({"ready": True}), file=answers, flush=True)
     protocol = [requests, answers]
     for line in requests:
@@ -136,10 +153,38 @@ def serve() -> None:
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             _child(request, protocol, import_output)
         print(json.dumps({"pid": pid}), file=answers, flush=True)
+        if request.get("background"):
+            background[pid] = request["returncode"]
+            reap()  # in case it ended before it was registered
+            continue
         _, status = os.waitpid(pid, 0)
         print(json.dumps({"returncode": os.waitstatus_to_exitcode(status)}), file=answers, flush=True)
+
+
+class Started:
+    """A command started in the background, by the server or as a fresh process: `pid`, `poll()`, `wait()`."""
+
+    def __init__(self, pid: int, returncode_file: Path | None, process: subprocess.Popen | None) -> None:
+        self.pid, self._returncode_file, self._process = pid, returncode_file, process
+
+    def poll(self) -> int | None:
+        if self._process is not None:
+            return self._process.poll()
+        return int(self._returncode_file.read_text()) if self._returncode_file.exists() else None
+
+    def wait(self, timeout: float) -> int:
+        if self._process is not None:
+            return self._process.wait(timeout)
+        deadline = time.monotonic() + timeout
+        while (returncode := self.poll()) is None:
+            if time.monotonic() > deadline:
+                os.kill(self.pid, signal.SIGKILL)
+                raise subprocess.TimeoutExpired(str(self.pid), timeout)
+            time.sleep(0.05)
+        return returncode
 
 
 class Client:
@@ -184,6 +229,41 @@ class Client:
             self.process.wait()
             self.process = None
 
+    def start(
+        self, argv: list[str], cwd: Path, env: dict[str, str], stdout: Path, stderr: Path
+    ) -> Started | None:
+        """The command started in the background, or None when it must run as a fresh process."""
+        if not self.busy.acquire(blocking=False):
+            return None
+        try:
+            if not self._start() or not self._same_environment(env):
+                return None
+            returncode = Path(f"{stdout}.returncode")
+            request = {
+                "argv": argv,
+                "cwd": str(cwd),
+                "env": env,
+                "stdout": str(stdout),
+                "stderr": str(stderr),
+            }
+            self.process.stdin.write(
+                json.dumps(request | {"background": True, "returncode": str(returncode)}).encode() + b"\n"
+            )
+            self.process.stdin.flush()
+            started = self._read()
+            if "pid" not in started:
+                self.enabled = False
+                self.process = None
+                return None
+            return Started(started["pid"], returncode, None)
+        finally:
+            self.busy.release()
+
+    def _same_environment(self, env: dict[str, str]) -> bool:
+        """Whether `env` agrees with the server's in every variable read when the preloaded packages load."""
+        names = {n for n in env.keys() | self.env.keys() if env_matters(n)}
+        return all(env.get(name) == self.env.get(name) for name in names)
+
     def run(
         self, argv: list[str], cwd: Path, env: dict[str, str], timeout: float
     ) -> subprocess.CompletedProcess | None:
@@ -191,10 +271,7 @@ class Client:
         if not self.busy.acquire(blocking=False):
             return None
         try:
-            if not self._start():
-                return None
-            names = {n for n in env.keys() | self.env.keys() if env_matters(n)}
-            if any(env.get(name) != self.env.get(name) for name in names):
+            if not self._start() or not self._same_environment(env):
                 return None
             with tempfile.TemporaryDirectory() as out:
                 files = {"stdout": f"{out}/stdout", "stderr": f"{out}/stderr"}
@@ -218,6 +295,17 @@ class Client:
             return subprocess.CompletedProcess([sys.executable, *argv], done["returncode"], stdout, stderr)
         finally:
             self.busy.release()
+
+
+def start(argv: list[str], cwd: Path, env: dict[str, str], stdout: Path, stderr: Path) -> Started:
+    """Start a command without waiting for it (from the server when it can, else as a fresh process), its
+    output into the files `stdout` and `stderr`."""
+    started = CLIENT.start(argv, cwd, env, stdout, stderr)
+    if started is not None:
+        return started
+    with open(stdout, "w") as out, open(stderr, "w") as err:
+        process = subprocess.Popen([sys.executable, *argv], cwd=cwd, env=env, stdout=out, stderr=err)
+    return Started(process.pid, None, process)
 
 
 CLIENT = Client()  # one per test process

@@ -88,6 +88,21 @@ def digits_run(tmp_path_factory: pytest.TempPathFactory, data_dir: Path) -> Path
     return built_once(tmp_path_factory, "digits_run", train) / "train" / "runs" / "mlp"
 
 
+@pytest.fixture(scope="session")
+def seeds_sweep(tmp_path_factory: pytest.TempPathFactory, data_dir: Path) -> Path:
+    """One grid sweep of two nets with three seeds each, for the whole session (its sweep dir): `python
+    src/train.py -m data=digits model/net=mlp,simple_cnn seed=1,2,3 trainer.max_epochs=1`, the README's
+    example of a result reported as mean ± std over seeds."""
+
+    def sweep(log_dir: Path) -> None:
+        grid = ["data=digits", "model/net=mlp,simple_cnn", "seed=1,2,3", "trainer.max_epochs=1"]
+        result = run_cli("train", "-m", *grid, log_dir=log_dir, data_dir=data_dir)
+        assert result.returncode == 0, result.stderr[-3000:]
+
+    (sweep_dir,) = (built_once(tmp_path_factory, "seeds_sweep", sweep) / "train" / "multiruns").iterdir()
+    return sweep_dir
+
+
 # A few scenes: enough for every class to appear in each split, seconds to train.
 SMALL_SCENES = ["data.scenes=[192,64,64]", "data.batch_size=32"]
 # One batch of each stage, with the callbacks a debug preset would turn off.
@@ -175,6 +190,15 @@ def run_cli(
         if done is not None:
             return done
     return subprocess.run(command, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
+
+
+def start_cli(
+    script: str, *overrides: str, log_dir: Path, data_dir: Path, output: Path
+) -> cli_server.Started:
+    """Start `python src/<script>.py overrides...` as a user would, without waiting for it (for commands that
+    run at the same time); its output goes into `output` (stdout) and `output` + `.err` (stderr)."""
+    command = cli_command(script, *overrides, log_dir=log_dir, data_dir=data_dir)
+    return cli_server.start(command[1:], ROOT, cli_env(), output, Path(f"{output}.err"))
 
 
 def torchrun(*args: str) -> list[str]:

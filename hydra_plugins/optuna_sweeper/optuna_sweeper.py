@@ -4,8 +4,14 @@ Why not the published hydra-optuna-sweeper: its newest release (1.3.0) requires 
 storage fails under SQLAlchemy 2, and one failed trial ends its whole sweep. This one is small and does:
 
 - the search space in the override grammar Hydra users know (`choice`, `range`, `interval`, `tag(log, ...)`);
-- a persistent study (SQLite in the sweep dir by default): rerunning the same command continues it until
-  `n_trials` trials have finished (completed or pruned), and refuses to mix in a different search space;
+- a persistent study (SQLite in the sweep dir by default, a journal file on a shared file system, or a
+  database server): rerunning the same command continues it until `n_trials` trials have finished
+  (completed or pruned), and refuses to mix in a different search space;
+- one study, many launches: the same command started on several machines (or several times on one) shares
+  the work. Each launch takes trials only while finished + running ones are fewer than `n_trials` (under a
+  study-wide lock, so together they run exactly `n_trials`), and keeps a heartbeat on its running trials; a
+  trial whose heartbeat stops (its launch was killed) is failed by the others after `grace_period` seconds
+  and run again up to `stale_retries` times;
 - failure tolerance: a trial that raises is told to Optuna as failed with its error, and the sweep goes on
   until more than `max_failure_rate * n_trials` trials of this launch have failed;
 - trial N runs as Hydra job N (`<sweep dir>/<N>`), so a job finds its own trial: `current_trial()`.
@@ -15,8 +21,14 @@ Optuna does all the searching and pruning; this module only translates between i
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import logging
 import math
+import os
+import socket
+import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -41,6 +53,9 @@ log = logging.getLogger(__name__)
 
 # The run's `mode` (configs/train.yaml) in Optuna's words.
 DIRECTIONS = {"max": "maximize", "min": "minimize"}
+# A storage that is not a database URL is a journal file, named so that a typo of a URL is not taken for one.
+JOURNAL_SUFFIXES = (".journal", ".log")
+HEARTBEAT = "heartbeat"  # the trial system attribute a launch rewrites while it runs the trial
 
 
 class SearchSpace:
@@ -132,6 +147,9 @@ class OptunaSweeper(Sweeper):
         n_trials: int,
         n_jobs: int,
         max_failure_rate: float,
+        heartbeat_interval: float,
+        grace_period: float,
+        stale_retries: int,
         sampler: DictConfig | None,
         pruner: DictConfig | None,
         params: DictConfig | None,
@@ -149,12 +167,23 @@ class OptunaSweeper(Sweeper):
                 "hydra.sweeper.storage is empty; the study needs a database that every trial can reach, "
                 "e.g. sqlite:///<dir>/optuna.db (the default) or a server URL"
             )
+        if not 0 < heartbeat_interval < grace_period:
+            raise ValueError(
+                f"hydra.sweeper.heartbeat_interval={heartbeat_interval} and grace_period={grace_period}: "
+                "give 0 < heartbeat_interval < grace_period (a trial is stale after grace_period seconds "
+                "without a heartbeat; several beats should fit in it)"
+            )
+        if stale_retries < 0:
+            raise ValueError(f"hydra.sweeper.stale_retries={stale_retries} must be 0 or more")
         self.study_name = study_name
         self.storage = storage
         self.mode = mode
         self.n_trials = n_trials
         self.n_jobs = n_jobs
         self.max_failure_rate = max_failure_rate
+        self.heartbeat_interval = heartbeat_interval
+        self.grace_period = grace_period
+        self.stale_retries = stale_retries
         self.sampler = sampler
         self.pruner = pruner
         self.params = params
@@ -178,7 +207,9 @@ class OptunaSweeper(Sweeper):
             raise ValueError(f"{key}={self.mode} is not valid; choose max or min")
         space, fixed = parse_search(self.params, arguments)
         sweep_dir = Path(self.config.hydra.sweep.dir)
-        study = self._load_study(space, fixed, sweep_dir)
+        lock = StudyLock(self.storage, self.study_name)
+        with lock:  # also creating the database's tables: launches started at once would race at it
+            study = self._load_study(open_storage(self.storage), space, fixed, sweep_dir)
         finished = _count(study, TrialState.COMPLETE, TrialState.PRUNED)
         if finished >= self.n_trials:
             log.info(
@@ -191,39 +222,61 @@ class OptunaSweeper(Sweeper):
             f"searching {', '.join(space.distributions) or 'nothing'}"
         )
         max_failures = math.floor(self.max_failure_rate * self.n_trials)
-        failures, last_failure = 0, -1
-        while finished < self.n_trials:
-            trials = [
-                study.ask(space.distributions) for _ in range(min(self.n_jobs, self.n_trials - finished))
-            ]
-            overrides = [fixed + [space.override(k, v) for k, v in trial.params.items()] for trial in trials]
-            for trial, trial_overrides in zip(trials, overrides, strict=True):
-                trial.set_user_attr("overrides", trial_overrides)  # to rerun any trial by hand
-            for trial, state in zip(trials, self._run(study, trials, overrides), strict=True):
-                if state == TrialState.FAIL:
-                    failures, last_failure = failures + 1, trial.number
-                else:
-                    finished += 1
-                log.info(f"Trial {trial.number} {state.name.lower()}: {_outcome(study, trial.number)}")
-            if failures > max_failures:
-                raise RuntimeError(
-                    f"{failures} trials of study {self.study_name} failed in this sweep, more than "
-                    f"hydra.sweeper.max_failure_rate={self.max_failure_rate} of n_trials={self.n_trials} "
-                    f"allows; last error: {_outcome(study, last_failure, failed_only=True)}. The "
-                    f"summary is in {sweep_dir}; rerunning the same command continues the study"
-                )
+        failures, last_failure, waiting = 0, -1, False
+        with Heartbeat(study, lock, self.heartbeat_interval, self.grace_period, self.stale_retries) as heart:
+            while True:
+                with lock:  # count and ask as one step: launches running at once never take too many trials
+                    heart.fail_stale_trials()
+                    finished = _count(study, TrialState.COMPLETE, TrialState.PRUNED)
+                    running = _count(study, TrialState.RUNNING)
+                    free = min(self.n_jobs, self.n_trials - finished - running)
+                    trials = [study.ask(space.distributions) for _ in range(max(free, 0))]
+                    heart.start_beating(trials)
+                if finished >= self.n_trials:
+                    break
+                if not trials:  # the study's last trials run in other launches: wait for them to end
+                    if not waiting:
+                        log.info(
+                            f"Waiting for {running} trials running in other launches; if one stops beating "
+                            f"for {self.grace_period:g} s, it is run again here"
+                        )
+                    waiting = True
+                    time.sleep(self.heartbeat_interval)
+                    continue
+                waiting = False
+                overrides = [
+                    fixed + [space.override(k, v) for k, v in trial.params.items()] for trial in trials
+                ]
+                for trial, trial_overrides in zip(trials, overrides, strict=True):
+                    trial.set_user_attr("overrides", trial_overrides)  # to rerun any trial by hand
+                for trial, state in zip(trials, self._run(study, trials, overrides), strict=True):
+                    heart.stop_beating(trial)
+                    if state is None:  # failed meanwhile by another launch, which runs it again
+                        continue
+                    if state == TrialState.FAIL:
+                        failures, last_failure = failures + 1, trial.number
+                    log.info(f"Trial {trial.number} {state.name.lower()}: {_outcome(study, trial.number)}")
+                if failures > max_failures:
+                    raise RuntimeError(
+                        f"{failures} trials of study {self.study_name} failed in this sweep, more than "
+                        f"hydra.sweeper.max_failure_rate={self.max_failure_rate} of n_trials={self.n_trials} "
+                        f"allows; last error: {_outcome(study, last_failure, failed_only=True)}. The "
+                        f"summary is in {sweep_dir}; rerunning the same command continues the study"
+                    )
         self._report_best(study)
 
-    def _load_study(self, space: SearchSpace, fixed: list[str], sweep_dir: Path) -> optuna.Study:
+    def _load_study(
+        self, storage: optuna.storages.BaseStorage, space: SearchSpace, fixed: list[str], sweep_dir: Path
+    ) -> optuna.Study:
         """Create the study, or continue it if it exists with the same search space and direction."""
         import optuna
 
-        # Quiet the database layer: alembic logs every plugin it loads at INFO.
-        logging.getLogger("alembic").setLevel(logging.WARNING)
         optuna.logging.set_verbosity(optuna.logging.WARNING)  # this sweeper logs each trial itself
         sweep_dir.mkdir(parents=True, exist_ok=True)
-        storage = optuna.storages.get_storage(self.storage)
         previous = _existing_study(storage, self.study_name)
+        launch = (
+            previous.user_attrs.get("launches", 1) if previous else 0
+        )  # how many launched before this one
         if previous is None:
             _refuse_runs_of_another_study(sweep_dir, self.study_name)
         else:
@@ -231,7 +284,7 @@ class OptunaSweeper(Sweeper):
         study = optuna.create_study(
             study_name=self.study_name,
             storage=storage,
-            sampler=_sampler(self.sampler, trials_so_far=len(previous.trials) if previous else 0),
+            sampler=_sampler(self.sampler, launch=launch),
             pruner=instantiate(self.pruner) if self.pruner else optuna.pruners.NopPruner(),
             direction=DIRECTIONS[self.mode],
             load_if_exists=True,
@@ -239,8 +292,7 @@ class OptunaSweeper(Sweeper):
         if previous is None:
             study.set_user_attr("search_space", space.describe())
             study.set_user_attr("fixed_overrides", sorted(fixed))
-        else:
-            _fail_interrupted_trials(study, storage)
+        study.set_user_attr("launches", launch + 1)
         return study
 
     def _check_continuation(self, previous: optuna.Study, space: SearchSpace, fixed: list[str]) -> None:
@@ -317,9 +369,8 @@ def current_trial() -> optuna.Trial | None:
         return None
     import optuna
 
-    logging.getLogger("alembic").setLevel(logging.WARNING)
     sweeper = hydra_cfg.sweeper
-    storage = optuna.storages.get_storage(sweeper.storage)
+    storage = open_storage(sweeper.storage)
     pruner = instantiate(sweeper.pruner) if sweeper.pruner else optuna.pruners.NopPruner()
     study = optuna.load_study(
         study_name=sweeper.study_name, storage=storage, pruner=pruner, sampler=optuna.samplers.RandomSampler()
@@ -335,6 +386,8 @@ def _tell(study: optuna.Study, trial: optuna.Trial, job_return: JobReturn) -> An
     import optuna
     from optuna.trial import TrialState
 
+    if _failed_meanwhile(study, trial):
+        return None
     if job_return.status != JobStatus.COMPLETED:
         error = job_return._return_value  # the exception the task raised (`return_value` re-raises it)
         if isinstance(error, optuna.TrialPruned):
@@ -351,6 +404,8 @@ def _tell(study: optuna.Study, trial: optuna.Trial, job_return: JobReturn) -> An
 def _fail(study: optuna.Study, trial: optuna.Trial, error: BaseException) -> Any:
     from optuna.trial import TrialState
 
+    if _failed_meanwhile(study, trial):
+        return None
     trial.set_user_attr("error", describe_error(error))
     study.tell(trial, state=TrialState.FAIL)
     return TrialState.FAIL
@@ -364,17 +419,252 @@ def _outcome(study: optuna.Study, number: int, failed_only: bool = False) -> str
     return f"{frozen.value:.6g} with {params}"
 
 
-def _fail_interrupted_trials(study: optuna.Study, storage: Any) -> None:
-    """Trials still running when a sweep starts were cut off by the end of an earlier sweep (a kill, a
-    crash): mark them failed, so they neither count nor linger. One sweep per study at a time."""
+def _failed_meanwhile(study: optuna.Study, trial: optuna.Trial) -> bool:
+    """Whether another launch failed this trial as stale while it ran here (this launch stopped beating for
+    longer than grace_period, e.g. it was suspended): its result is dropped, since a rerun took its place, and
+    it is neither this launch's failure nor its success (`_tell` and `_fail` return None for it)."""
     from optuna.trial import TrialState
 
-    study_id = storage.get_study_id_from_name(study.study_name)
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, trial.number)
-        storage.set_trial_user_attr(trial_id, "error", "interrupted: its sweep ended while it ran")
-        study.tell(trial.number, state=TrialState.FAIL)
-        log.warning(f"Trial {trial.number} was interrupted by the end of an earlier sweep; marked failed")
+    state = study._storage.get_trial(trial._trial_id).state
+    if state == TrialState.RUNNING:
+        return False
+    log.warning(
+        f"Trial {trial.number} was failed by another launch while it ran here (no heartbeat for longer than "
+        "hydra.sweeper.grace_period); its result is not told to the study"
+    )
+    return True
+
+
+def _process_exists(pid: Any) -> bool:
+    if not isinstance(pid, int):
+        return True  # unknown: leave it to the heartbeat's timeout
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
+
+
+def open_storage(storage: str) -> optuna.storages.BaseStorage:
+    """The study's storage: a database URL (sqlite:///..., postgresql://..., mysql://...) or a journal file."""
+    import optuna
+
+    if "://" in storage:
+        from sqlalchemy.engine import make_url
+
+        database = make_url(storage).database
+        if make_url(storage).get_backend_name() == "sqlite" and database and database != ":memory:":
+            Path(database).parent.mkdir(parents=True, exist_ok=True)
+        # Quiet the database layer: alembic logs every plugin it loads at INFO.
+        logging.getLogger("alembic").setLevel(logging.WARNING)
+        try:
+            return optuna.storages.RDBStorage(storage)
+        except ModuleNotFoundError as err:  # the database's driver
+            extra = ' (pip install -e ".[postgres]")' if storage.startswith("postgresql") else ""
+            raise ModuleNotFoundError(
+                f"hydra.sweeper.storage={storage} needs the Python package {err.name}{extra}"
+            ) from err
+    if not storage.endswith(JOURNAL_SUFFIXES):
+        raise ValueError(
+            f"hydra.sweeper.storage={storage} is neither a database URL (sqlite:///<file>.db, "
+            f"postgresql://<user>@<host>/<database>, mysql://...) nor a journal file ({' or '.join(JOURNAL_SUFFIXES)})"
+        )
+    Path(storage).parent.mkdir(parents=True, exist_ok=True)
+    return optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(storage))
+
+
+class StudyLock:
+    """Held while a launch counts the study's trials and asks for new ones, so that launches running at once
+    never take more than n_trials together; reentered for every such step. The system releases it when its
+    holder dies: SQLite, a lock on the file `<database>.lock`; PostgreSQL and MySQL, an advisory lock of the
+    connection. A journal file's lock is a file that is broken 30 s after its holder died (Optuna's lock for
+    shared file systems)."""
+
+    def __init__(self, url: str, study_name: str) -> None:
+        import optuna
+        from sqlalchemy import create_engine
+        from sqlalchemy.engine import make_url
+        from sqlalchemy.pool import NullPool
+
+        self._threads = threading.Lock()  # the launch's own threads (its heartbeat's) take turns first
+        self._journal = self._file = self._engine = None
+        self._name = study_name
+        if "://" not in url:
+            Path(url).parent.mkdir(parents=True, exist_ok=True)
+            self._journal = optuna.storages.journal.JournalFileOpenLock(f"{url}.sweeper")
+        elif make_url(url).get_backend_name() == "sqlite":
+            database = make_url(url).database
+            if database and database != ":memory:":
+                Path(database).parent.mkdir(parents=True, exist_ok=True)
+                self._file = open(f"{database}.lock", "a")  # noqa: SIM115 - open as long as the sweep
+        else:
+            self._engine = create_engine(url, poolclass=NullPool)  # a connection of its own, for the lock
+            self._dialect = make_url(url).get_backend_name()
+            if self._dialect not in ("postgresql", "mysql"):
+                log.warning(
+                    f"No lock for a {self._dialect} storage: launches of one study that ask for trials at "
+                    "the same moment may run a few more than n_trials"
+                )
+                self._engine = None
+        self._connection = None
+
+    def __enter__(self) -> None:
+        self._threads.acquire()
+        try:
+            self._acquire()
+        except BaseException:
+            self._threads.release()
+            raise
+
+    def __exit__(self, *exc_info: Any) -> None:
+        try:
+            self._release()
+        finally:
+            self._threads.release()
+
+    def _acquire(self) -> None:
+        from sqlalchemy import text
+
+        if self._journal is not None:
+            self._journal.acquire()
+        elif self._file is not None:
+            fcntl.flock(self._file, fcntl.LOCK_EX)
+        elif self._engine is not None:
+            self._connection = self._engine.connect()
+            if self._dialect == "postgresql":
+                self._connection.execute(text("SELECT pg_advisory_lock(:key)"), {"key": self._key()})
+            else:
+                self._connection.execute(text("SELECT GET_LOCK(:name, -1)"), {"name": self._key()})
+
+    def _release(self) -> None:
+        from sqlalchemy import text
+
+        if self._journal is not None:
+            self._journal.release()
+        elif self._file is not None:
+            fcntl.flock(self._file, fcntl.LOCK_UN)
+        elif self._connection is not None:
+            try:
+                if self._dialect == "postgresql":
+                    self._connection.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": self._key()})
+                else:
+                    self._connection.execute(text("SELECT RELEASE_LOCK(:name)"), {"name": self._key()})
+                self._connection.commit()
+            finally:
+                self._connection.close()
+                self._connection = None
+
+    def _key(self) -> int:
+        """The study's advisory lock number: the same in every launch, apart from other studies'."""
+        digest = hashlib.sha256(f"optuna study {self._name}".encode()).digest()
+        return int.from_bytes(digest[:8], "big", signed=True)
+
+
+class Heartbeat:
+    """A launch's thread that rewrites a heartbeat on each of its running trials every `interval` seconds,
+    and fails the study's other running trials whose heartbeat has not changed for `grace_period` seconds
+    (their launch died), enqueuing each again up to `retries` times.
+
+    A heartbeat is judged by whether it changes, timed on the watching launch's own clock, so machines whose
+    clocks disagree still judge right. A trial of a launch on the same machine whose process has ended is
+    failed at once (a sweep killed and started again needs no wait)."""
+
+    def __init__(
+        self, study: optuna.Study, lock: StudyLock, interval: float, grace_period: float, retries: int
+    ) -> None:
+        self.study, self.lock = study, lock
+        self.interval, self.grace_period, self.retries = interval, grace_period, retries
+        self._mine: dict[int, int] = {}  # trial id -> number, of the trials this launch runs
+        self._seen: dict[int, tuple[Any, float]] = {}  # trial id -> (its last heartbeat, when it changed)
+        self.host = socket.gethostname()
+        self._guard = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="optuna-heartbeat", daemon=True)
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def start_beating(self, trials: list[optuna.Trial]) -> None:
+        with self._guard:
+            self._mine |= {trial._trial_id: trial.number for trial in trials}
+        self._beat([trial._trial_id for trial in trials])
+
+    def stop_beating(self, trial: optuna.Trial) -> None:
+        with self._guard:
+            self._mine.pop(trial._trial_id, None)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            with self._guard:
+                mine = list(self._mine)
+            try:
+                self._beat(mine)
+                if self._stale():
+                    with self.lock:
+                        self.fail_stale_trials()
+            except Exception as err:  # a database hiccup must not end the sweep: the next beat tries again
+                log.warning(f"Heartbeat of study {self.study.study_name} failed: {describe_error(err)}")
+
+    def _beat(self, trial_ids: list[int]) -> None:
+        beat = {"time": time.time(), "host": self.host, "pid": os.getpid()}
+        for trial_id in trial_ids:
+            self.study._storage.set_trial_system_attr(trial_id, HEARTBEAT, beat)
+
+    def _stale(self) -> list[tuple[Any, str]]:
+        """The study's running trials, other than this launch's, whose launch is gone, each with why: a
+        launch on this machine whose process ended, or a heartbeat that stood still for grace_period."""
+        from optuna.trial import TrialState
+
+        running = self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        now, stale = time.monotonic(), []
+        with self._guard:
+            for trial in running:
+                if trial._trial_id in self._mine:
+                    continue
+                beat = trial.system_attrs.get(HEARTBEAT) or {}
+                last, since = self._seen.get(trial._trial_id, (None, now))
+                if beat.get("host") == self.host and not _process_exists(beat.get("pid")):
+                    stale.append((trial, f"interrupted: its launch (process {beat.get('pid')}) ended"))
+                elif trial._trial_id not in self._seen or beat != last:
+                    self._seen[trial._trial_id] = (beat, now)
+                elif now - since > self.grace_period:
+                    host = beat.get("host", "an unknown machine")
+                    stale.append(
+                        (trial, f"stale: no heartbeat from its launch on {host} for {self.grace_period:g} s")
+                    )
+        return stale
+
+    def fail_stale_trials(self) -> None:
+        """Fail the stale trials (call it holding the study lock, so that one launch fails each) and enqueue
+        their parameters again while retries are left."""
+        import optuna
+        from optuna.trial import TrialState
+
+        storage = self.study._storage
+        for trial, why in self._stale():
+            try:
+                storage.set_trial_user_attr(trial._trial_id, "error", why)
+                if not storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL):
+                    continue
+            except optuna.exceptions.UpdateFinishedTrialError:
+                continue  # it ended meanwhile
+            retries = trial.user_attrs.get("retries", 0)
+            again = retries < self.retries
+            if again:
+                self.study.enqueue_trial(
+                    trial.params, user_attrs={"retry_of": trial.number, "retries": retries + 1}
+                )
+            log.warning(
+                f"Trial {trial.number} {why.partition(': ')[2]}; marked failed"
+                + (", enqueued again" if again else f" (hydra.sweeper.stale_retries={self.retries} used up)")
+            )
 
 
 def _existing_study(storage: Any, study_name: str) -> optuna.Study | None:
@@ -386,13 +676,14 @@ def _existing_study(storage: Any, study_name: str) -> optuna.Study | None:
         return None
 
 
-def _sampler(config: DictConfig | None, trials_so_far: int) -> optuna.samplers.BaseSampler | None:
-    """The configured sampler; a continued study gets seed + trials so far, so it does not replay the
-    random draws of its first launch (a seeded sampler would otherwise propose the same trials again)."""
+def _sampler(config: DictConfig | None, launch: int) -> optuna.samplers.BaseSampler | None:
+    """The configured sampler, its seed + the number of launches of the study before this one: launches at
+    once, or a study continued later, do not replay each other's random draws (the same seed would propose
+    the same trials again); the first launch draws as the seed says."""
     if not config:
         return None
-    if config.get("seed") is not None and trials_so_far:
-        return instantiate(config, seed=config.seed + trials_so_far)
+    if config.get("seed") is not None and launch:
+        return instantiate(config, seed=config.seed + launch)
     return instantiate(config)
 
 
