@@ -5,6 +5,7 @@ import json
 import re
 import shutil
 import signal
+import statistics
 import subprocess
 import time
 from pathlib import Path
@@ -57,31 +58,42 @@ def only_sweep_dir(log_dir: Path) -> Path:
 # --- grid sweeps (Hydra's own sweeper) ---
 
 
-@pytest.mark.slow
-def test_grid_sweep_runs_every_combination_in_its_own_dir_and_summarizes_them(tmp_path: Path, data_dir: Path):
-    grid = ["model.optimizer.lr=0.001,0.01", "data.batch_size=32,64"]
-    result = run_cli("train", "-m", *DIGITS_MLP, *grid, log_dir=tmp_path, data_dir=data_dir)
-    assert result.returncode == 0, result.stderr[-3000:]
-    sweep = only_sweep_dir(tmp_path)
-    assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == ["0", "1", "2", "3"]
-
-    rows = read_summary(sweep)
-    assert list(rows[0]) == [
-        "job",
-        "status",
-        "val/acc_best",
-        "model.optimizer.lr",
-        "data.batch_size",
-        "error",
-    ]
-    combinations = {(row["model.optimizer.lr"], row["data.batch_size"]) for row in rows}
-    assert combinations == {("0.001", "32"), ("0.001", "64"), ("0.01", "32"), ("0.01", "64")}
+def test_grid_sweep_runs_every_combination_in_its_own_dir_and_summarizes_them(seeds_sweep: Path):
+    # python src/train.py -m data=digits model/net=mlp,simple_cnn seed=1,2,3 trainer.max_epochs=1
+    assert sorted(p.name for p in seeds_sweep.iterdir() if p.is_dir()) == ["0", "1", "2", "3", "4", "5"]
+    rows = read_summary(seeds_sweep)
+    assert list(rows[0]) == ["job", "status", "val/acc_best", "model/net", "seed", "error"]
+    combinations = {(row["model/net"], row["seed"]) for row in rows}
+    assert combinations == {(net, seed) for net in ("mlp", "simple_cnn") for seed in ("1", "2", "3")}
     for row in rows:  # each row's value is what its job logged
         assert row["status"] == "completed"
-        assert float(row["val/acc_best"]) == pytest.approx(last_metrics(sweep / row["job"])["val/acc_best"])
+        assert float(row["val/acc_best"]) == pytest.approx(
+            last_metrics(seeds_sweep / row["job"])["val/acc_best"]
+        )
     values = [float(row["val/acc_best"]) for row in rows]
     assert values == sorted(values, reverse=True)  # best first (val/acc_best: maximize)
-    assert "Sweep summary" in result.stdout + result.stderr
+
+
+def test_jobs_that_differ_only_in_their_seed_are_one_variant_with_mean_and_std(seeds_sweep: Path):
+    results = [json.loads(path.read_text()) for path in seeds_sweep.glob("*/result.json")]
+    with open(seeds_sweep / "variants.csv") as file:
+        variants = list(csv.DictReader(file))
+    assert sorted(row["model/net"] for row in variants) == ["mlp", "simple_cnn"]
+    means = [float(row["val/acc_best mean"]) for row in variants]
+    assert means == sorted(means, reverse=True)  # the best variant first
+    for row in variants:
+        runs = [r for r in results if f"model/net={row['model/net']}" in r["overrides"]]
+        assert row["n"] == "3" and row["not_completed"] == "0" and row["seed"] == "1 2 3"
+        for metric in ("val/acc_best", "test/acc", "train/loss"):
+            values = [r["metrics"][metric] for r in runs]
+            assert float(row[f"{metric} mean"]) == pytest.approx(statistics.fmean(values))
+            assert float(row[f"{metric} std"]) == pytest.approx(statistics.stdev(values))
+            assert float(row[f"{metric} min"]) == pytest.approx(min(values))
+            assert float(row[f"{metric} max"]) == pytest.approx(max(values))
+    # The final metrics of each job are those its run recorded.
+    for result in results:
+        record = json.loads((seeds_sweep / str(result["job"]) / "run.json").read_text())
+        assert result["metrics"] == record["final_metrics"]
 
 
 def test_a_failed_grid_job_is_in_the_summary_with_its_error(tmp_path: Path, data_dir: Path):
@@ -244,7 +256,10 @@ def test_a_killed_sweep_resumes_with_the_same_command(tmp_path: Path, data_dir: 
         2: TrialState.FAIL,
         3: TrialState.COMPLETE,
     }
-    assert load_study(tmp_path).trials[2].user_attrs["error"].startswith("interrupted")
+    # The new launch finds trial 2's launch gone (its process ended), fails it and runs its values again.
+    trials = load_study(tmp_path).trials
+    assert trials[2].user_attrs["error"] == f"interrupted: its launch (process {sweep.pid}) ended"
+    assert trials[3].user_attrs["retry_of"] == 2 and trials[3].params == trials[2].params
 
 
 @pytest.mark.slow

@@ -1,11 +1,13 @@
 """A Hydra callback that tabulates a multirun: which overrides gave which optimized_metric, and what failed.
 
-Every job of a sweep writes `<job dir>/result.json` (its overrides, status, the value of `optimized_metric`
-and the error of a failed job); the sweep dir's `summary.csv` is rebuilt from those files after every job
-and once more at the end, best job first (by the run's `mode`: max or min). It works the same for grid
-sweeps, Optuna studies (whose continued launches add to the same sweep dir) and any launcher, local or on a
-cluster, because each job writes only its own file. Kept free of heavy imports: Hydra instantiates it on
-every start.
+Every job of a sweep writes `<job dir>/result.json` (its overrides, status, the value of `optimized_metric`,
+its final metrics from run.json and the error of a failed job); the sweep dir's `summary.csv` is rebuilt
+from those files after every job and once more at the end, best job first (by the run's `mode`: max or min).
+Jobs that differ only in a replicate key (`seed`, `data.fold`) are runs of one variant: `variants.csv` has
+one row per variant with n, mean, std, min and max of every final metric, best mean first. It works the same
+for grid sweeps, Optuna studies (whose continued launches add to the same sweep dir) and any launcher, local
+or on a cluster, because each job writes only its own file. Kept free of heavy imports: Hydra instantiates
+it on every start.
 """
 
 import csv
@@ -14,6 +16,7 @@ import json
 import logging
 import math
 import os
+import statistics
 import traceback
 from pathlib import Path
 from typing import Any
@@ -27,7 +30,11 @@ log = logging.getLogger(__name__)
 
 RESULT_FILE = "result.json"
 SUMMARY_FILE = "summary.csv"
+VARIANTS_FILE = "variants.csv"
+RECORD_FILE = "run.json"  # written by the run itself (src/run/record.py): its final metrics
 MODES = ("max", "min")
+# Override keys whose jobs repeat one variant: their spread is the noise the variant's mean ± std reports.
+REPLICATE_KEYS = ("seed", "data.fold")
 
 
 class SweepSummary(Callback):
@@ -54,9 +61,11 @@ class SweepSummary(Callback):
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
-        rows = write_summary(sweep_dir, self._mode(config))
+        rows, variants = summarize(sweep_dir, self._mode(config))
         if rows:
             log.info(f"Sweep summary ({sweep_dir / SUMMARY_FILE}):\n{format_table(rows)}")
+        if variants:
+            log.info(f"Variants ({sweep_dir / VARIANTS_FILE} has every metric):\n{format_table(variants, 2)}")
 
     def _mode(self, config: DictConfig) -> str:
         """The sweeper's mode when it has one (an Optuna study, so the summary ranks as the study does), else
@@ -73,6 +82,7 @@ def job_result(config: DictConfig, job_return: JobReturn) -> dict[str, Any]:
         "value": None,
         "overrides": list(job_return.overrides or []),
         "error": None,
+        "metrics": _final_metrics(Path(config.hydra.runtime.output_dir)),
     }
     if job_return.status == JobStatus.COMPLETED:
         value = job_return.return_value
@@ -93,13 +103,19 @@ def describe_error(error: BaseException) -> str:
 
 
 def write_summary(sweep_dir: Path, mode: str) -> list[dict[str, Any]]:
-    """Rebuild `<sweep_dir>/summary.csv` from the result.json of every job; return its rows, best first
-    (mode max: the highest value first; min: the lowest)."""
+    """Rebuild `<sweep_dir>/summary.csv` (and variants.csv) from the jobs' result.json; return its rows."""
+    return summarize(sweep_dir, mode)[0]
+
+
+def summarize(sweep_dir: Path, mode: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Rebuild `<sweep_dir>/summary.csv` from the result.json of every job: its rows, best first (mode max:
+    the highest value first; min: the lowest). Where jobs repeat a variant (REPLICATE_KEYS), also rebuild
+    `<sweep_dir>/variants.csv`: one row per variant, best mean first; its rows ([] without repeats) second."""
     if mode not in MODES:
         raise ValueError(f"mode={mode} is not valid; choose max or min")
     results = [json.loads(path.read_text()) for path in sweep_dir.glob(f"*/{RESULT_FILE}")]
     if not results:
-        return []
+        return [], []
     metric = next((r["metric"] for r in results if r["metric"]), None) or "value"
     swept = _swept_keys([r["overrides"] for r in results])
     sign = -1.0 if mode == "max" else 1.0
@@ -117,17 +133,96 @@ def write_summary(sweep_dir: Path, mode: str) -> list[dict[str, Any]]:
         row |= {key: overrides.get(key, "") for key in swept}
         row["error"] = result["error"] or ""
         rows.append(row)
-    text = io.StringIO()
-    writer = csv.DictWriter(text, fieldnames=list(rows[0]))
-    writer.writeheader()
-    writer.writerows(rows)
-    _write_atomically(sweep_dir / SUMMARY_FILE, text.getvalue())
-    return rows
+    _write_csv(sweep_dir / SUMMARY_FILE, rows)
+    runs = [
+        {
+            "settings": dict(_split(o) for o in result["overrides"]),
+            "status": result["status"],
+            # The optimized value under its name, also for a job whose run.json has no final metrics.
+            "metrics": (result.get("metrics") or {}) | {metric: result["value"]},
+        }
+        for result in results
+    ]
+    variants = group_variants(runs, metric, mode)
+    if not any(variant["n"] + variant["not_completed"] > 1 for variant in variants):
+        return rows, []
+    _write_csv(sweep_dir / VARIANTS_FILE, variants)
+    return rows, variants
 
 
-def format_table(rows: list[dict[str, Any]]) -> str:
-    """The rows as aligned text columns, for the log."""
+def group_variants(runs: list[dict[str, Any]], metric: str, mode: str) -> list[dict[str, Any]]:
+    """One row per variant of `runs`, best mean of `metric` first (by `mode`).
+
+    Each run is a dict of `settings` (key -> value text, e.g. its overrides), `status` and `metrics` (name ->
+    value). Runs whose settings agree except for REPLICATE_KEYS are one variant. A row has the settings that
+    tell the variants apart, `n` (completed runs), `not_completed` (failed or pruned ones: counted, never
+    averaged), the replicate values it pooled, and for every metric its mean, std (sample standard deviation,
+    n - 1; empty for n = 1), min and max over the completed runs.
+    """
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for run in runs:
+        identity = {k: v for k, v in run["settings"].items() if k not in REPLICATE_KEYS}
+        groups.setdefault(tuple(sorted(identity.items())), []).append(run)
+    varying = _swept_keys([[f"{k}={v}" for k, v in key] for key in groups])
+    if len(groups) == 1:
+        varying = []  # one variant: its settings are in the run configs, not a difference
+    names = sorted({name for run in runs if run["status"] == "completed" for name in run["metrics"]})
+    names.sort(key=lambda name: name != metric)  # the ranked metric first
+    sign = -1.0 if mode == "max" else 1.0
+    rows = []
+    for key, members in groups.items():
+        settings = dict(key)
+        done = [run for run in members if run["status"] == "completed"]
+        row: dict[str, Any] = {name: settings.get(name, "") for name in varying}
+        row |= {"n": len(done), "not_completed": len(members) - len(done)}
+        for replicate in REPLICATE_KEYS:
+            values = sorted({run["settings"][replicate] for run in members if replicate in run["settings"]})
+            if values:
+                row[replicate] = " ".join(values)
+        for name in names:
+            values = [run["metrics"][name] for run in done if _is_number(run["metrics"].get(name))]
+            row |= _statistics(name, values)
+        rows.append(row)
+
+    def rank(row: dict[str, Any]) -> tuple:
+        mean = row.get(f"{metric} mean")
+        return (mean is None, sign * mean if mean is not None else 0.0)
+
+    return sorted(rows, key=rank)
+
+
+def _statistics(name: str, values: list[float]) -> dict[str, float | None]:
+    if not values:
+        return {f"{name} {stat}": None for stat in ("mean", "std", "min", "max")}
+    return {
+        f"{name} mean": statistics.fmean(values),
+        f"{name} std": statistics.stdev(values) if len(values) > 1 else None,
+        f"{name} min": min(values),
+        f"{name} max": max(values),
+    }
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and math.isfinite(value)
+
+
+def _final_metrics(run_dir: Path) -> dict[str, float]:
+    """The final metrics a run recorded in its run.json ({} when it wrote none, e.g. it failed to start)."""
+    try:
+        record = json.loads((run_dir / RECORD_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    metrics = record.get("final_metrics") if isinstance(record, dict) else None
+    return {name: value for name, value in (metrics or {}).items() if _is_number(value)}
+
+
+def format_table(rows: list[dict[str, Any]], metric_columns: int | None = None) -> str:
+    """The rows as aligned text columns, for the log; with `metric_columns`, only that many of the columns
+    that follow `not_completed` and the replicate keys (a variants table's first metric's mean and std)."""
     columns = list(rows[0])
+    if metric_columns is not None and "not_completed" in columns:
+        shown = columns.index("not_completed") + 1 + sum(key in columns for key in REPLICATE_KEYS)
+        columns = columns[: shown + metric_columns]
     cells = [[_cell(row[c]) for c in columns] for row in rows]
     widths = [max(len(c), *(len(line[i]) for line in cells)) for i, c in enumerate(columns)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True))]
@@ -153,6 +248,14 @@ def _cell(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.6g}"
     return "" if value is None else str(value)
+
+
+def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+    _write_atomically(path, text.getvalue())
 
 
 def _write_atomically(path: Path, text: str) -> None:
