@@ -1,7 +1,10 @@
 """Test-only pieces that the real command line loads through Hydra (`+callbacks.stop._target_=tests.helpers...`)."""
 
+import hashlib
+import json
 import os
 import signal
+from pathlib import Path
 
 import lightning as L
 import torch
@@ -52,3 +55,18 @@ class InterruptInValidation(L.Callback):
         step = os.environ.get("INTERRUPT_IN_VALIDATION_AT_STEP")
         if step is not None and not trainer.sanity_checking and trainer.global_step == int(step):
             raise KeyboardInterrupt
+
+
+class RecordValidationSet(L.Callback):
+    """Writes `<folder>/val_rank<global rank>.json` when training starts: the size of the datamodule's validation
+    set and a digest of its tensors, as that rank set it up."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = Path(folder)
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        dataset = trainer.datamodule.data_val
+        digest = hashlib.sha256(b"".join(t.cpu().numpy().tobytes() for t in dataset.tensors)).hexdigest()
+        self.folder.mkdir(parents=True, exist_ok=True)
+        record = {"size": len(dataset), "digest": digest}
+        (self.folder / f"val_rank{trainer.global_rank}.json").write_text(json.dumps(record))

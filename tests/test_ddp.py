@@ -1,12 +1,13 @@
 """DDP under Hydra: 2 CPU processes (gloo), one run directory per job, and no rank re-running the sweep."""
 
+import json
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
 
-from tests.conftest import assert_single_run_dir, last_metrics, only_run_dir, run_cli
+from tests.conftest import ROOT, assert_single_run_dir, last_metrics, only_run_dir, run_cli
 
 TINY = ["data=digits", "model/net=mlp", "trainer.max_epochs=2"]
 
@@ -20,16 +21,33 @@ TINY = ["data=digits", "model/net=mlp", "trainer.max_epochs=2"]
     ],
 )
 def test_ddp_run_writes_one_run_dir_and_syncs_metrics(tmp_path: Path, data_dir: Path, trainer: list[str]):
-    result = run_cli("train", *trainer, *TINY, log_dir=tmp_path, data_dir=data_dir)
+    # A fold of k-fold cross-validation, whose validation set each rank records: every rank has the same one.
+    fold = ["data.num_folds=3", "data.fold=1"]
+    record = [
+        "+callbacks.record_val._target_=tests.helpers.RecordValidationSet",
+        f"+callbacks.record_val.folder={tmp_path / 'record'}",
+    ]
+    result = run_cli(
+        "train",
+        *trainer,
+        *TINY,
+        *fold,
+        *record,
+        log_dir=tmp_path,
+        data_dir=data_dir,
+        env={"PYTHONPATH": str(ROOT)},
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     output = result.stdout + result.stderr
     assert "GLOBAL_RANK: 1, MEMBER: 2/2" in output  # the worker process really ran
     run_dir = only_run_dir(tmp_path)
     assert_single_run_dir(run_dir)
     assert not (tmp_path / "train" / "multiruns").exists()
+    ranks = [json.loads((tmp_path / "record" / f"val_rank{r}.json").read_text()) for r in (0, 1)]
+    assert ranks[0] == ranks[1] and ranks[0]["size"] == 516  # fold 1 of the 1547 train+val digits
 
     # Synced metrics: the 2-process test accuracy (each rank saw half the test set) equals a
-    # single-process evaluation of the same checkpoint on the whole test set.
+    # single-process evaluation of the same checkpoint on the whole test set (which folds leave as it is).
     ddp_acc = last_metrics(run_dir)["test/acc"]
     ckpt = run_dir / "checkpoints" / "best.ckpt"
     evaluated = run_cli(

@@ -195,6 +195,29 @@ def test_augment_false_gives_the_training_images_the_test_transforms(image_folde
     assert torch.equal(image, test_transform(Image.open(plain.data_train.samples[0][0]).convert("RGB")))
 
 
+def test_a_fold_validates_with_the_validation_transforms_and_holds_both_classes(image_folder, tmp_path: Path):
+    """k-fold (tests/test_folds.py): the training folds get the training (random) transforms, the validation
+    fold the validation ones, and the folds are stratified by the labels of the label file."""
+    labels = write_label_folder(tmp_path, ["cat", "dog"] * 10)
+    settings = [
+        f"data.label_file={labels}",
+        "data.num_classes=2",
+        "data.input_shape=[3,16,16]",
+        "data.split=[14,2,4]",
+    ]
+    plain = image_folder(*settings)
+    fold = image_folder(*settings, "data.num_folds=4", "data.fold=3")
+    assert (len(fold.data_train), len(fold.data_val)) == (12, 4)  # the 16 train+val images in 4 folds
+    assert fold.data_test.samples == plain.data_test.samples
+    pool = fold.data_val.dataset
+    path, _ = pool.samples[fold.data_val.indices[0]]
+    torch.manual_seed(0)
+    assert torch.equal(fold.data_val[0][0], plain.data_val.transform(Image.open(path).convert("RGB")))
+    assert not torch.equal(fold.data_train[0][0], fold.data_train[0][0])  # random crops and flips
+    dogs = sum(pool.targets)
+    assert abs(sum(pool.targets[i] for i in fold.data_val.indices) - dogs / 4) < 1  # the pool's share of dogs
+
+
 def test_pad_collate_pads_to_the_largest_image_and_returns_the_sizes(image_folder, tmp_path: Path):
     batch = [(torch.ones(3, 24, 20), 0), (torch.ones(3, 32, 32), 1), (torch.ones(3, 28, 40), 2)]
     images, labels, sizes = pad_collate(batch)

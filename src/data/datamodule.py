@@ -1,16 +1,21 @@
-"""What the datamodule of every task shares: splits, the per-device batch size, resumable shuffling and the
-DataLoader settings. Classification and segmentation add their own checks on top
+"""What the datamodule of every task shares: splits, k-fold cross-validation, the per-device batch size,
+resumable shuffling and the DataLoader settings. Classification and segmentation add their own checks on top
 (classification_datamodule.py, segmentation_datamodule.py)."""
 
+import logging
 import os
+from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import lightning as L
 import torch
-from torch.utils.data import DataLoader, Dataset, Subset, random_split
+from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset, random_split
 
 from src.data.components.resumable import EpochShuffleSampler, ResumableBatchSampler, ResumableDataLoader
+from src.data.components.tensor_batches import TensorBatches
+
+log = logging.getLogger(__name__)
 
 
 def split_batch_size(batch_size: int, world_size: int) -> int:
@@ -37,6 +42,18 @@ def seeded_split(dataset: Dataset, lengths: Sequence[int | float], seed: int, na
     return random_split(dataset, list(lengths), generator=torch.Generator().manual_seed(seed))
 
 
+def assign_folds(size: int, num_folds: int, seed: int, labels: Sequence[int] | None = None) -> torch.Tensor:
+    """Each sample's fold (0..num_folds-1), the same on every run and rank: the samples, shuffled by `seed`
+    and then grouped by label when `labels` are given, are dealt to the folds in turn like cards. So fold
+    sizes differ by at most one, and so do the counts of each class."""
+    order = torch.randperm(size, generator=torch.Generator().manual_seed(seed))
+    if labels is not None:
+        order = order[torch.sort(torch.as_tensor(labels)[order], stable=True).indices]
+    folds = torch.empty(size, dtype=torch.long)
+    folds[order] = torch.arange(size) % num_folds
+    return folds
+
+
 class DataModule(L.LightningDataModule):
     """Base LightningDataModule for (input, target) datasets: a subclass implements `load_datasets`, nothing else.
 
@@ -46,6 +63,15 @@ class DataModule(L.LightningDataModule):
     subclasses that draw their splits from one pool (`seeded_split`). `augment=False` asks for training
     samples without random augmentation (`debug=overfit` sets it): a subclass that augments honours it.
     Override `inference_preprocessing` so that predict and export can read image files.
+
+    k-fold cross-validation (`num_folds=k`): the train and val datasets of `load_datasets` are pooled, the pool
+    is cut into k folds by `split_seed` alone (`assign_folds`; the same folds on every run, rank and resume),
+    and the run trains on the other folds and validates on fold `fold`; the test split stays as it is. Each
+    fold holds every class in the pool's proportions when `fold_labels` gives the labels (classification
+    does). Validation samples must not get the training augmentation, so `fold_pool` gives the pool twice:
+    prepared as training samples (for the training folds) and as validation samples (for the validation
+    fold). A subclass whose train and val datasets are prepared differently (other transforms) overrides it;
+    the default refuses any datasets it cannot prove to be prepared alike.
     """
 
     @property
@@ -58,6 +84,8 @@ class DataModule(L.LightningDataModule):
         input_shape: Sequence[int],
         split: Sequence[int | float] | None = None,
         split_seed: int = 42,
+        num_folds: int | None = None,
+        fold: int = 0,
         augment: bool = True,
         batch_size: int = 64,
         num_workers: int = 0,
@@ -71,6 +99,17 @@ class DataModule(L.LightningDataModule):
             raise ValueError(f"data.num_workers={num_workers} must be 0 (load in the main process) or more")
         if prefetch_factor is not None and prefetch_factor < 1:
             raise ValueError(f"data.prefetch_factor={prefetch_factor} must be at least 1 (or null)")
+        if num_folds is None and fold != 0:
+            raise ValueError(
+                f"data.fold={fold} needs folds: set data.num_folds (e.g. 5) for k-fold cross-validation, or "
+                "leave data.fold=0"
+            )
+        if num_folds is not None and num_folds < 2:
+            raise ValueError(f"data.num_folds={num_folds} must be null (no folds) or at least 2")
+        if num_folds is not None and not 0 <= fold < num_folds:
+            raise ValueError(
+                f"data.fold={fold} is not a fold of data.num_folds={num_folds}; choose 0..{num_folds - 1}"
+            )
         # Every __init__ argument of the subclass too (Lightning collects them): stored in checkpoints.
         self.save_hyperparameters(logger=False)
         self.data_train: Dataset | None = None
@@ -88,6 +127,8 @@ class DataModule(L.LightningDataModule):
         self.batch_size_per_device = split_batch_size(self.hparams.batch_size, world_size)
         if self.data_train is None:
             self.data_train, self.data_val, self.data_test = self.load_datasets()
+            if self.hparams.num_folds is not None:
+                self.data_train, self.data_val = self._fold(self.data_train, self.data_val)
             for split, dataset in (
                 ("train", self.data_train),
                 ("val", self.data_val),
@@ -98,6 +139,51 @@ class DataModule(L.LightningDataModule):
                         f"the {split} split of {self.name} is empty; check data.split and its files"
                     )
             self._check_shapes(self.data_train)
+
+    def fold_pool(self, train: Dataset, val: Dataset) -> tuple[Dataset, Dataset]:
+        """The train then the val samples as one pool, twice: prepared for training (the training folds are
+        drawn from it) and for validation (the validation fold is). Here both are one dataset, for train and
+        val datasets that are Subsets of one dataset (`seeded_split`) or plain tensors: nothing prepares
+        their samples differently (InMemoryDataModule augments training batches, not its datasets)."""
+        if isinstance(train, Subset) and isinstance(val, Subset) and train.dataset is val.dataset:
+            pool = Subset(train.dataset, [*train.indices, *val.indices])
+            return pool, pool
+        if type(train) is type(val) and type(train) in (TensorDataset, TensorBatches):
+            pool = type(train)(*(torch.cat(pair) for pair in zip(train.tensors, val.tensors, strict=True)))
+            return pool, pool
+        raise NotImplementedError(
+            f"data.num_folds={self.hparams.num_folds}: {self.name}'s train and val datasets are "
+            f"{type(train).__name__} and {type(val).__name__}, which may prepare samples differently "
+            f"(augment the training ones); override {type(self).__name__}.fold_pool (see DataModule.fold_pool)"
+        )
+
+    def fold_labels(self, dataset: Dataset) -> Sequence[int] | None:
+        """The class of every sample of `dataset`, to stratify the folds by; None: folds unstratified (every
+        task but classification)."""
+        return None
+
+    def _fold(self, train: Dataset, val: Dataset) -> tuple[Subset, Subset]:
+        """The training folds and the validation fold `fold` of the train+val pool."""
+        num_folds, seed = self.hparams.num_folds, self.hparams.split_seed
+        train_pool, val_pool = self.fold_pool(train, val)
+        size = len(val_pool)
+        if size < num_folds:
+            raise ValueError(
+                f"data.num_folds={num_folds} is more than the {size} train+val samples of {self.name}; "
+                f"choose 2..{size}"
+            )
+        labels = self.fold_labels(val_pool)
+        if labels is not None:
+            # Not an error: such a class still trains and validates, only not in every fold.
+            rare = {label: n for label, n in sorted(Counter(labels).items()) if n < num_folds}
+            if rare:
+                log.warning(
+                    f"data.num_folds={num_folds}: {self.name} has fewer samples than folds of class(es) "
+                    f"{rare} (class: samples), so some validation folds miss them"
+                )
+        in_fold = assign_folds(size, num_folds, seed, labels) == self.hparams.fold
+        train_indices, val_indices = torch.where(~in_fold)[0].tolist(), torch.where(in_fold)[0].tolist()
+        return Subset(train_pool, train_indices), Subset(val_pool, val_indices)
 
     def _check_shapes(self, dataset: Dataset) -> None:
         image = dataset[0][0]

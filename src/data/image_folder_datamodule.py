@@ -61,6 +61,8 @@ class ImageFolderDataModule(ClassificationDataModule):
         class_names: Sequence[str] | None = None,
         split: Sequence[int | float] = (0.8, 0.1, 0.1),
         split_seed: int = 42,
+        num_folds: int | None = None,
+        fold: int = 0,
         augment: bool = True,
         image_mode: str = "RGB",
         mean: Sequence[float] | None = None,
@@ -106,6 +108,8 @@ class ImageFolderDataModule(ClassificationDataModule):
             input_shape=input_shape,
             split=split,
             split_seed=split_seed,
+            num_folds=num_folds,
+            fold=fold,
             augment=augment,
             batch_size=batch_size,
             num_workers=num_workers,
@@ -142,6 +146,15 @@ class ImageFolderDataModule(ClassificationDataModule):
                 mode=self.hparams.image_mode,
             )
             for stage in STAGES
+        )
+
+    def fold_pool(self, train: ImageDataset, val: ImageDataset) -> tuple[ImageDataset, ImageDataset]:
+        """The train+val images twice: through the training transforms (the training folds) and through the
+        validation ones (the validation fold), so the validation fold is not augmented."""
+        samples = train.samples + val.samples
+        return (
+            ImageDataset(samples, train.transform, train.mode),
+            ImageDataset(samples, val.transform, val.mode),
         )
 
     def inference_preprocessing(self) -> dict[str, Any]:

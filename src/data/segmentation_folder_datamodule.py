@@ -125,6 +125,17 @@ class SegmentationFolderDataModule(SegmentationDataModule):
             for stage, subset in zip(STAGES, drawn, strict=True)
         )
 
+    def fold_pool(
+        self, train: SegmentationFolderDataset, val: SegmentationFolderDataset
+    ) -> tuple[SegmentationFolderDataset, SegmentationFolderDataset]:
+        """The train+val pairs twice: through the training transforms (the training folds) and through the
+        validation ones (the validation fold), so the validation fold is not augmented."""
+        pairs = train.pairs + val.pairs
+        return (
+            SegmentationFolderDataset(pairs, train.transform, train.mode),
+            SegmentationFolderDataset(pairs, val.transform, val.mode),
+        )
+
     def pairs(self) -> list[tuple[Path, Path]]:
         """Every image below `image_dir` (sorted) with the path its mask must have."""
         image_dir, mask_dir = Path(self.hparams.image_dir), Path(self.hparams.mask_dir)

@@ -60,6 +60,11 @@ class ImageDataset(Dataset):
     def __len__(self) -> int:
         return len(self.samples)
 
+    @property
+    def targets(self) -> list[int]:
+        """Every sample's label, without opening an image (torchvision datasets' name for them)."""
+        return [label for _, label in self.samples]
+
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         path, label = self.samples[index]
         try:

@@ -1,0 +1,192 @@
+"""k-fold cross-validation (`data.num_folds`, `data.fold`): folds that partition the train+val pool, stratified
+by class, the same on every rank and run, validated without augmentation; the test split never moves."""
+
+import hashlib
+import json
+import logging
+import re
+from collections import Counter
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate
+from torch.utils.data import Dataset, Subset, TensorDataset
+
+from src.data.datamodule import DataModule
+from src.data.segmentation_folder_datamodule import SegmentationFolderDataset
+from src.run.preprocessing import follow_the_weights
+from tests.conftest import CONFIG_DIR, ROOT, SMALL_SCENES, last_metrics, only_run_dir, run_cli
+from tests.test_segmentation_folder import folder_overrides, write_folder
+
+DIGITS = ["data=digits", "data.loading=samples"]  # samples: the splits stay Subsets, whose indices we compare
+
+
+def datamodule(compose_cfg, *overrides: str) -> DataModule:
+    """The datamodule of `python src/train.py <overrides>`, set up for fit."""
+    cfg = compose_cfg("train", list(overrides))
+    follow_the_weights(cfg)
+    dm = instantiate(cfg.data, _convert_="all")
+    dm.setup("fit")
+    return dm
+
+
+def indices(dataset: Subset) -> list[int]:
+    """The indices of a (Subset of a ...) Subset in the dataset at the bottom."""
+    inner = dataset.dataset
+    return [inner.indices[i] for i in dataset.indices] if isinstance(inner, Subset) else list(dataset.indices)
+
+
+def test_the_digits_folds_partition_the_pool_by_class_and_leave_the_test_split(compose_cfg):
+    plain = datamodule(compose_cfg, *DIGITS)
+    pool = indices(plain.data_train) + indices(plain.data_val)
+    labels = plain.data_train.dataset.tensors[1]
+    pool_counts = Counter(labels[pool].tolist())
+    folds = [datamodule(compose_cfg, *DIGITS, "data.num_folds=5", f"data.fold={f}") for f in range(5)]
+    val_sets = [indices(dm.data_val) for dm in folds]
+    assert sorted(i for val in val_sets for i in val) == sorted(pool)  # disjoint, and together the whole pool
+    for dm, val in zip(folds, val_sets, strict=True):
+        assert sorted(indices(dm.data_train) + val) == sorted(pool)  # trains on the rest
+        assert indices(dm.data_test) == indices(plain.data_test)  # the test split never moves
+        counts = Counter(labels[val].tolist())
+        assert all(abs(counts[c] - n / 5) < 1 for c, n in pool_counts.items()), counts
+
+
+def test_the_digit_scenes_folds_partition_the_pool(compose_cfg):
+    scenes = ["data=digit_scenes", *SMALL_SCENES]
+    plain = datamodule(compose_cfg, *scenes)
+    folds = [datamodule(compose_cfg, *scenes, "data.num_folds=4", f"data.fold={f}") for f in range(4)]
+    pool_size = len(plain.data_train) + len(plain.data_val)
+    val_sets = [dm.data_val.indices for dm in folds]
+    assert sorted(i for val in val_sets for i in val) == list(range(pool_size))
+    for dm, val in zip(folds, val_sets, strict=True):
+        assert sorted(dm.data_train.indices + val) == list(range(pool_size))
+        pool = dm.data_val.dataset  # the train scenes, then the val scenes
+        assert torch.equal(
+            pool.tensors[0], torch.cat([plain.data_train.tensors[0], plain.data_val.tensors[0]])
+        )
+        assert torch.equal(dm.data_test.tensors[1], plain.data_test.tensors[1])
+
+
+def test_a_fold_is_the_same_on_every_rank_and_after_a_resume(compose_cfg, monkeypatch: pytest.MonkeyPatch):
+    """Nothing but split_seed draws the folds: not the rank, the run's seed or the global random state (a
+    resumed run sets the datamodule up again in a fresh process)."""
+    overrides = [*DIGITS, "data.num_folds=3", "data.fold=1"]
+    seen = []
+    for rank, seed in ((0, 1), (1, 2)):
+        monkeypatch.setenv("PL_GLOBAL_SEED", str(seed))
+        torch.manual_seed(seed)
+        cfg = compose_cfg("train", overrides)
+        dm = instantiate(cfg.data, _convert_="all")
+        dm.trainer = SimpleNamespace(world_size=2, global_rank=rank)  # what setup() may read of it
+        dm.setup("fit")
+        seen.append((indices(dm.data_train), indices(dm.data_val)))
+    assert seen[0] == seen[1]
+    other = datamodule(compose_cfg, *overrides, "data.split_seed=7")
+    assert indices(other.data_val) != seen[0][1]  # split_seed is what draws them
+
+
+def test_the_validation_fold_of_image_files_gets_the_validation_transforms(compose_cfg, tmp_path: Path):
+    """Files with transforms per stage (data=segmentation_folder): the training folds go through the training
+    (random) transforms, the validation fold through the validation ones."""
+    write_folder(tmp_path)  # 12 image/mask pairs, split 8/2/2
+    settings = folder_overrides(tmp_path)
+    plain = datamodule(compose_cfg, *settings)
+    dm = datamodule(compose_cfg, *settings, "data.num_folds=5", "data.fold=4")
+    assert (len(dm.data_train), len(dm.data_val), len(dm.data_test)) == (8, 2, 2)
+    torch.manual_seed(0)
+    pair = dm.data_val.dataset.pairs[dm.data_val.indices[0]]
+    image, mask = SegmentationFolderDataset([pair], plain.data_val.transform, "RGB")[0]
+    assert torch.equal(dm.data_val[0][0], image) and torch.equal(dm.data_val[0][1], mask)  # resized only
+    assert not torch.equal(dm.data_train[0][0], dm.data_train[0][0])  # training: random crops and flips
+    assert dm.data_test.pairs == plain.data_test.pairs
+
+
+# --- bad input ---
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["data.num_folds=1"], "data.num_folds=1 must be null (no folds) or at least 2"),
+        (["data.num_folds=5", "data.fold=5"], "data.fold=5 is not a fold of data.num_folds=5; choose 0..4"),
+        (["data.num_folds=5", "data.fold=-1"], "data.fold=-1 is not a fold of data.num_folds=5; choose 0..4"),
+        (["data.fold=2"], "data.fold=2 needs folds: set data.num_folds (e.g. 5) for k-fold cross-validation"),
+        (
+            ["data.num_folds=2000"],
+            "data.num_folds=2000 is more than the 1547 train+val samples of digits; choose 2..1547",
+        ),
+    ],
+)
+def test_bad_fold_settings_are_refused_naming_the_key(compose_cfg, overrides: list[str], message: str):
+    with pytest.raises((ValueError, InstantiationException), match=re.escape(message)):
+        datamodule(compose_cfg, "data=digits", *overrides)
+
+
+def test_a_class_with_fewer_samples_than_folds_is_a_warning(compose_cfg, caplog: pytest.LogCaptureFixture):
+    """Not an error: the folds still partition the pool; that class only misses from some validation folds."""
+    with caplog.at_level(logging.WARNING):
+        dm = datamodule(compose_cfg, "data=digits", "data.num_folds=160")
+    assert "data.num_folds=160: digits has fewer samples than folds of class(es) {" in caplog.text
+    assert len(dm.data_val) in (9, 10)
+
+
+class _Transformed(Dataset):
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        return torch.zeros(1, 8, 8), 0
+
+
+class _OwnDatasets(DataModule):
+    """Train and val datasets of its own class: the base cannot tell whether they are prepared alike."""
+
+    def load_datasets(self) -> tuple[Dataset, Dataset, Dataset]:
+        return _Transformed(8), _Transformed(4), TensorDataset(torch.zeros(4, 1, 8, 8), torch.zeros(4))
+
+
+def test_datasets_the_base_cannot_pool_safely_are_refused_naming_the_hook():
+    dm = _OwnDatasets(input_shape=[1, 8, 8], num_folds=3)
+    with pytest.raises(NotImplementedError, match=r"data.num_folds=3: .* override _OwnDatasets.fold_pool"):
+        dm.setup("fit")
+
+
+# --- configs and a real run ---
+
+DATA_OPTIONS = sorted(p.stem for p in (CONFIG_DIR / "data").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("option", DATA_OPTIONS)
+def test_every_data_option_takes_a_fold(compose_cfg, option: str):
+    """What each job of `-m data.num_folds=3 data.fold='range(0,3)'` composes."""
+    cfg = compose_cfg("train", [f"data={option}", "data.num_folds=3", "data.fold=2"])
+    assert (cfg.data.num_folds, cfg.data.fold) == (3, 2)
+    instantiate(cfg.data, _convert_="all")
+
+
+def digest(dataset: TensorDataset) -> str:
+    return hashlib.sha256(b"".join(t.numpy().tobytes() for t in dataset.tensors)).hexdigest()
+
+
+@pytest.mark.slow
+def test_a_fold_run_trains_and_validates_on_that_fold(compose_cfg, tmp_path: Path, data_dir: Path):
+    overrides = ["data=digits", "data.num_folds=3", "data.fold=1", "model/net=mlp", "trainer.max_epochs=1"]
+    record = [  # the validation set the run set up (tests/test_ddp.py records it on 2 ranks)
+        "+callbacks.record_val._target_=tests.helpers.RecordValidationSet",
+        f"+callbacks.record_val.folder={tmp_path / 'record'}",
+    ]
+    result = run_cli(
+        "train", *overrides, *record, log_dir=tmp_path, data_dir=data_dir, env={"PYTHONPATH": str(ROOT)}
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    expected = datamodule(compose_cfg, *overrides).data_val
+    assert len(expected) == 516  # 1547 train+val digits dealt to 3 folds: 516, 516, 515
+    seen = json.loads((tmp_path / "record" / "val_rank0.json").read_text())
+    assert seen == {"size": 516, "digest": digest(expected)}
+    assert "val/acc" in last_metrics(only_run_dir(tmp_path))
