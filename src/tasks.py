@@ -1,5 +1,6 @@
 """The tasks the entry points run: train, evaluate, predict, export. Each reads top to bottom; `build` does the
-wiring."""
+wiring. (The fifth entry point's task, `report`, reads run dirs only and imports neither torch nor Lightning:
+it is src/reports.py's.)"""
 
 import logging
 import math

@@ -76,6 +76,7 @@ STEP_PATTERN = """
 import resource, sys
 from src.run.memory import keep_freed_memory
 if sys.argv[1] == "extras":  # the shipped extras config, as every run applies it
+    import lightning  # every training run has imported it before its extras
     from omegaconf import OmegaConf
     from src.run.extras import apply_extras
     extras = OmegaConf.load("configs/extras/default.yaml")

@@ -227,7 +227,7 @@ def assert_commands_are_the_projects_own(project: Path) -> None:
     builtin or keyword (`export run_dir=...` would silently set a variable) and no system command."""
     name = tomllib.loads((project / "pyproject.toml").read_text())["project"]["name"]
     commands = installed_commands(project)
-    assert sorted(commands) == [f"{name}-{task}" for task in ("eval", "export", "predict", "train")]
+    assert sorted(commands) == [f"{name}-{task}" for task in ("eval", "export", "predict", "report", "train")]
     path = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if Path(p) != BIN)
     for command in commands:
         kind = subprocess.run(

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import rich.syntax
 import rich.tree
-from lightning.fabric.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
+from src.launch import environment
 from src.run import memory
 
 
@@ -27,13 +27,15 @@ def apply_extras(cfg: DictConfig) -> None:
         print_config_tree(cfg, save_to=Path(cfg.paths.output_dir) / "config_tree.txt")
 
 
-@rank_zero_only
 def print_config_tree(
     cfg: DictConfig,
     order: Sequence[str] = ("data", "model", "callbacks", "logger", "trainer", "paths", "extras"),
     save_to: Path | None = None,
 ) -> None:
-    """Print the resolved config as a rich tree, main groups first, and save the same text to `save_to`."""
+    """Print the resolved config as a rich tree, main groups first, and save the same text to `save_to` (in
+    global rank 0 only). Free of torch and Lightning, like this module: the report uses it too."""
+    if not environment.is_global_rank_zero():
+        return
     tree = rich.tree.Tree("CONFIG", style="dim", guide_style="dim")
     fields = [f for f in order if f in cfg] + [f for f in cfg if f not in order and f != "hydra"]
     for field in fields:
