@@ -165,7 +165,8 @@ def serve() -> None:
 
 
 class Started:
-    """A command started in the background, by the server or as a fresh process: `pid`, `poll()`, `wait()`."""
+    """A command started in the background, by the server or as a fresh process: `pid`, `poll()`,
+    `send_signal()` and `wait()`, as subprocess.Popen has them."""
 
     def __init__(self, pid: int, returncode_file: Path | None, process: subprocess.Popen | None) -> None:
         self.pid, self._returncode_file, self._process = pid, returncode_file, process
@@ -175,7 +176,10 @@ class Started:
             return self._process.poll()
         return int(self._returncode_file.read_text()) if self._returncode_file.exists() else None
 
-    def wait(self, timeout: float) -> int:
+    def send_signal(self, number: int) -> None:
+        os.kill(self.pid, number)
+
+    def wait(self, timeout: float = 600) -> int:
         if self._process is not None:
             return self._process.wait(timeout)
         deadline = time.monotonic() + timeout

@@ -193,12 +193,18 @@ def run_cli(
 
 
 def start_cli(
-    script: str, *overrides: str, log_dir: Path, data_dir: Path, output: Path
+    script: str,
+    *overrides: str,
+    log_dir: Path,
+    data_dir: Path,
+    output: Path,
+    env: dict[str, str | None] | None = None,
 ) -> cli_server.Started:
     """Start `python src/<script>.py overrides...` as a user would, without waiting for it (for commands that
-    run at the same time); its output goes into `output` (stdout) and `output` + `.err` (stderr)."""
+    run at the same time, or are signalled); its output goes into `output` (stdout) and `output` + `.err`
+    (stderr); `env` as for run_cli."""
     command = cli_command(script, *overrides, log_dir=log_dir, data_dir=data_dir)
-    return cli_server.start(command[1:], ROOT, cli_env(), output, Path(f"{output}.err"))
+    return cli_server.start(command[1:], ROOT, cli_env(**(env or {})), output, Path(f"{output}.err"))
 
 
 def torchrun(*args: str) -> list[str]:

@@ -2,7 +2,6 @@
 by class, the same on every rank and run, validated without augmentation; the test split never moves."""
 
 import hashlib
-import json
 import logging
 import re
 from collections import Counter
@@ -18,7 +17,7 @@ from torch.utils.data import Dataset, Subset, TensorDataset
 from src.data.datamodule import DataModule
 from src.data.segmentation_folder_datamodule import SegmentationFolderDataset
 from src.run.preprocessing import follow_the_weights
-from tests.conftest import CONFIG_DIR, ROOT, SMALL_SCENES, last_metrics, only_run_dir, run_cli
+from tests.conftest import CONFIG_DIR, SMALL_SCENES
 from tests.test_segmentation_folder import folder_overrides, write_folder
 
 DIGITS = ["data=digits", "data.loading=samples"]  # samples: the splits stay Subsets, whose indices we compare
@@ -172,21 +171,3 @@ def test_every_data_option_takes_a_fold(compose_cfg, option: str):
 
 def digest(dataset: TensorDataset) -> str:
     return hashlib.sha256(b"".join(t.numpy().tobytes() for t in dataset.tensors)).hexdigest()
-
-
-@pytest.mark.slow
-def test_a_fold_run_trains_and_validates_on_that_fold(compose_cfg, tmp_path: Path, data_dir: Path):
-    overrides = ["data=digits", "data.num_folds=3", "data.fold=1", "model/net=mlp", "trainer.max_epochs=1"]
-    record = [  # the validation set the run set up (tests/test_ddp.py records it on 2 ranks)
-        "+callbacks.record_val._target_=tests.helpers.RecordValidationSet",
-        f"+callbacks.record_val.folder={tmp_path / 'record'}",
-    ]
-    result = run_cli(
-        "train", *overrides, *record, log_dir=tmp_path, data_dir=data_dir, env={"PYTHONPATH": str(ROOT)}
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    expected = datamodule(compose_cfg, *overrides).data_val
-    assert len(expected) == 516  # 1547 train+val digits dealt to 3 folds: 516, 516, 515
-    seen = json.loads((tmp_path / "record" / "val_rank0.json").read_text())
-    assert seen == {"size": 516, "digest": digest(expected)}
-    assert "val/acc" in last_metrics(only_run_dir(tmp_path))

@@ -24,6 +24,7 @@ from tests.conftest import (
     last_metrics,
     only_run_dir,
     run_cli,
+    start_cli,
     torchrun,
 )
 
@@ -192,21 +193,22 @@ def test_slurm_requeue_saves_a_checkpoint_and_the_requeued_job_resumes_from_it(
         "SLURM_NODEID": "0",
     }
     overrides = ["data=digits", "model/net=mlp", "trainer.max_epochs=15", "callbacks.early_stopping=null"]
-    command = cli_command("train", *overrides, log_dir=tmp_path / "logs", data_dir=data_dir)
     run_dir = tmp_path / "logs" / "train" / "runs" / "slurm-4242"
+    output = tmp_path / "first.out"
 
-    first = subprocess.Popen(command, env=cli_env(**slurm), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    first = start_cli(
+        "train", *overrides, log_dir=tmp_path / "logs", data_dir=data_dir, output=output, env=slurm
+    )
     deadline = time.monotonic() + 120
     while not (run_dir / "checkpoints" / "last.ckpt").exists():  # the first epoch has ended
-        assert first.poll() is None and time.monotonic() < deadline, first.communicate()[0][-3000:]
+        assert first.poll() is None and time.monotonic() < deadline, Path(f"{output}.err").read_text()[-3000:]
         time.sleep(0.05)
     first.send_signal(signal.SIGUSR1)
-    first.communicate(timeout=120)
-    assert first.returncode == -signal.SIGKILL  # killed by "SLURM" after the requeue
+    assert first.wait(timeout=120) == -signal.SIGKILL  # killed by "SLURM" after the requeue
     assert calls.read_text().split() == ["requeue", "4242"]
     assert (run_dir / "hpc_ckpt_1.ckpt").exists()
 
-    requeued = subprocess.run(command, env=cli_env(**slurm), capture_output=True, text=True, timeout=300)
+    requeued = run_cli("train", *overrides, log_dir=tmp_path / "logs", data_dir=data_dir, env=slurm)
     assert requeued.returncode == 0, requeued.stderr[-3000:]
     assert (
         f"Restoring states from the checkpoint path at {run_dir / 'hpc_ckpt_1.ckpt'}"

@@ -144,7 +144,7 @@ def test_make_installs_again_when_python_or_the_lock_change_and_only_then(tmp_pa
     assert make("install", "LOCK=") == installs("-e .")
     assert make("install", "LOCK=") == []
     assert make("install") == installs("-e . -c requirements.lock")
-    assert make("install-test") == installs("-e .[dev,mlflow,export,deepspeed] -c requirements.lock")
+    assert make("install-test") == installs("-e .[dev,mlflow,export,deepspeed,postgres] -c requirements.lock")
     assert make("install") == []  # the test install holds the lean one
     # Another Python makes .venv anew with it (a stand-in "Python 3.99" that makes stand-in venvs of itself).
     other = tmp_path / "python3.99"

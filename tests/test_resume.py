@@ -3,7 +3,6 @@
 import json
 import os
 import signal
-import subprocess
 import time
 from pathlib import Path
 
@@ -15,7 +14,8 @@ from lightning.pytorch.demos.boring_classes import BoringModel
 
 from src.callbacks.interrupt_checkpoint import InterruptCheckpoint
 from src.run.checkpoints import AtomicCheckpointIO, load_checkpoint
-from tests.conftest import ROOT, cli_command, cli_env, run_cli, wandb_records
+from tests.cli_server import Started
+from tests.conftest import ROOT, run_cli, start_cli, wandb_records
 
 # Digits + MLP, 2 epochs of 21 steps, every random choice seeded and deterministic.
 EXACT = ["data=digits", "model/net=mlp", "trainer.max_epochs=2", "trainer.deterministic=true"]
@@ -222,7 +222,7 @@ def test_a_checkpoint_with_a_pickle_payload_is_refused_and_never_runs(
 # --- slow: real kills ---
 
 
-def wait_for(condition, process: subprocess.Popen, timeout: float = 240) -> None:
+def wait_for(condition, process: Started, timeout: float = 240) -> None:
     deadline = time.time() + timeout
     while not condition():
         assert process.poll() is None, "the run ended before the moment the test waits for"
@@ -238,9 +238,8 @@ def test_a_run_killed_mid_epoch_resumes_to_the_same_weights_as_an_uninterrupted_
     straight = run_cli("train", *common, "run_name=straight", log_dir=tmp_path, data_dir=data_dir)
     assert straight.returncode == 0, straight.stderr[-3000:]
 
-    command = cli_command("train", *common, "run_name=killed", log_dir=tmp_path, data_dir=data_dir)
-    run = subprocess.Popen(
-        command, cwd=ROOT, env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    run = start_cli(
+        "train", *common, "run_name=killed", log_dir=tmp_path, data_dir=data_dir, output=tmp_path / "run.out"
     )
     last = run_dir_of(tmp_path, "killed") / "checkpoints" / "last.ckpt"
 
@@ -271,10 +270,7 @@ def test_sigterm_saves_a_checkpoint_exits_143_and_the_run_resumes_from_it(tmp_pa
         "callbacks.early_stopping=null",
         "run_name=preempted",
     ]
-    command = cli_command("train", *common, log_dir=tmp_path, data_dir=data_dir)
-    run = subprocess.Popen(
-        command, cwd=ROOT, env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
+    run = start_cli("train", *common, log_dir=tmp_path, data_dir=data_dir, output=tmp_path / "run.out")
     run_dir = run_dir_of(tmp_path, "preempted")
     wait_for(lambda: (run_dir / "checkpoints" / "last.ckpt").exists(), run)  # a few epochs in
     run.send_signal(signal.SIGTERM)  # what a cluster sends before it takes the machine back
@@ -299,10 +295,7 @@ def test_a_kill_while_saving_leaves_a_loadable_last_checkpoint(tmp_path: Path, d
         "callbacks.early_stopping=null",
         "run_name=big",
     ]
-    command = cli_command("train", *common, log_dir=tmp_path, data_dir=data_dir)
-    run = subprocess.Popen(
-        command, cwd=ROOT, env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
+    run = start_cli("train", *common, log_dir=tmp_path, data_dir=data_dir, output=tmp_path / "run.out")
     checkpoints = run_dir_of(tmp_path, "big") / "checkpoints"
     wait_for(lambda: (checkpoints / "last.ckpt").exists() and any(checkpoints.glob(".last.ckpt.*.tmp")), run)
     run.send_signal(signal.SIGKILL)  # while the next last.ckpt is being written

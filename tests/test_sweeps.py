@@ -17,7 +17,7 @@ from optuna.trial import TrialState
 
 from hydra_plugins.optuna_sweeper.optuna_sweeper import parse_search
 from hydra_plugins.sweep_summary import write_summary
-from tests.conftest import ROOT, built_once, cli_command, cli_env, last_metrics, run_cli, wandb_run
+from tests.conftest import built_once, last_metrics, run_cli, start_cli, wandb_run
 
 DIGITS_MLP = ["data=digits", "model/net=mlp", "trainer.max_epochs=1"]
 # A rigged pruner: any trial whose val/acc_best is below 0.5 after an epoch is hopeless.
@@ -236,10 +236,7 @@ def test_rerunning_a_study_continues_it_without_repeating_or_overwriting_trials(
 @pytest.mark.slow
 def test_a_killed_sweep_resumes_with_the_same_command(tmp_path: Path, data_dir: Path):
     overrides = ["-m", "hparams_search=digits_mlp", "trainer.max_epochs=2", "hydra.sweeper.n_trials=3"]
-    command = cli_command("train", *overrides, log_dir=tmp_path, data_dir=data_dir)
-    sweep = subprocess.Popen(
-        command, cwd=ROOT, env=cli_env(), start_new_session=True, stdout=subprocess.DEVNULL
-    )
+    sweep = start_cli("train", *overrides, log_dir=tmp_path, data_dir=data_dir, output=tmp_path / "sweep.out")
     deadline = time.time() + 240
     while not (study_dir(tmp_path) / "2").exists():  # trial 2 has started
         assert sweep.poll() is None and time.time() < deadline, "the sweep ended before trial 2 started"
