@@ -17,7 +17,7 @@ from optuna.trial import TrialState
 
 from hydra_plugins.optuna_sweeper.optuna_sweeper import parse_search
 from hydra_plugins.sweep_summary import write_summary
-from tests.conftest import built_once, last_metrics, run_cli, start_cli, wandb_run
+from tests.conftest import ONE_BATCH, built_once, last_metrics, run_cli, start_cli, wandb_run
 
 DIGITS_MLP = ["data=digits", "model/net=mlp", "trainer.max_epochs=1"]
 # A rigged pruner: any trial whose val/acc_best is below 0.5 after an epoch is hopeless.
@@ -96,6 +96,22 @@ def test_jobs_that_differ_only_in_their_seed_are_one_variant_with_mean_and_std(s
         assert result["metrics"] == record["final_metrics"]
 
 
+def test_a_sweep_over_the_folds_gives_the_cross_validated_mean_and_std(tmp_path: Path, data_dir: Path):
+    folds = ["data.num_folds=3", "data.fold=range(0,3)"]
+    result = run_cli(
+        "train", "-m", "data=digits", "model/net=mlp", *folds, *ONE_BATCH, log_dir=tmp_path, data_dir=data_dir
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    sweep = only_sweep_dir(tmp_path)
+    with open(sweep / "variants.csv") as file:
+        (variant,) = csv.DictReader(file)  # one variant, three folds of it
+    values = [json.loads((sweep / str(job) / "result.json").read_text())["value"] for job in range(3)]
+    assert (variant["n"], variant["data.fold"]) == ("3", "0 1 2")
+    assert float(variant["val/acc_best mean"]) == pytest.approx(statistics.fmean(values))
+    assert float(variant["val/acc_best std"]) == pytest.approx(statistics.stdev(values))
+    assert "Variants (" in result.stdout + result.stderr  # printed at the end of the sweep
+
+
 def test_a_failed_grid_job_is_in_the_summary_with_its_error(tmp_path: Path, data_dir: Path):
     result = run_cli(
         "train", "-m", *DIGITS_MLP, "model.net.dropout=0.1,1.5", log_dir=tmp_path, data_dir=data_dir
@@ -108,6 +124,33 @@ def test_a_failed_grid_job_is_in_the_summary_with_its_error(tmp_path: Path, data
     assert rows["1.5"]["error"] == "ValueError: dropout probability has to be between 0 and 1, but got 1.5"
     # The failed job's traceback is in its own log file.
     assert "Traceback" in (sweep / rows["1.5"]["job"] / "train.log").read_text()
+
+
+def test_variants_count_failed_repeats_without_averaging_them(tmp_path: Path):
+    # The result.json of an Optuna study that searches `seed` among its values: trials 0-2 repeat lr=0.1.
+    results = [
+        (0, "completed", ["lr=0.1", "seed=1"], {"val/loss": 0.5, "test/loss": 0.6}),
+        (1, "completed", ["lr=0.1", "seed=2"], {"val/loss": 0.3, "test/loss": 0.4}),
+        (2, "failed", ["lr=0.1", "seed=3"], {}),
+        (3, "completed", ["lr=0.2", "seed=1"], {"val/loss": 0.2, "test/loss": 0.1}),
+    ]
+    for job, status, overrides, metrics in results:
+        (tmp_path / str(job)).mkdir()
+        value = metrics.get("val/loss")
+        result = {"job": job, "status": status, "metric": "val/loss", "value": value, "overrides": overrides}
+        (tmp_path / str(job) / "result.json").write_text(
+            json.dumps(result | {"error": None, "metrics": metrics})
+        )
+    write_summary(tmp_path, mode="min")
+    with open(tmp_path / "variants.csv") as file:
+        variants = list(csv.DictReader(file))
+    assert [(v["lr"], v["n"], v["not_completed"], v["seed"]) for v in variants] == [
+        ("0.2", "1", "0", "1"),  # the lowest mean val/loss first
+        ("0.1", "2", "1", "1 2 3"),
+    ]
+    assert float(variants[1]["val/loss mean"]) == pytest.approx(0.4)
+    assert float(variants[1]["test/loss std"]) == pytest.approx(statistics.stdev([0.6, 0.4]))
+    assert variants[0]["val/loss std"] == ""  # one run has no spread
 
 
 def test_summary_orders_by_the_direction_and_lists_only_what_varies(tmp_path: Path):
