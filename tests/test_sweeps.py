@@ -58,6 +58,7 @@ def only_sweep_dir(log_dir: Path) -> Path:
 # --- grid sweeps (Hydra's own sweeper) ---
 
 
+@pytest.mark.slow
 def test_grid_sweep_runs_every_combination_in_its_own_dir_and_summarizes_them(seeds_sweep: Path):
     # python src/train.py -m data=digits model/net=mlp,simple_cnn seed=1,2,3 trainer.max_epochs=1
     assert sorted(p.name for p in seeds_sweep.iterdir() if p.is_dir()) == ["0", "1", "2", "3", "4", "5"]
@@ -74,6 +75,7 @@ def test_grid_sweep_runs_every_combination_in_its_own_dir_and_summarizes_them(se
     assert values == sorted(values, reverse=True)  # best first (val/acc_best: maximize)
 
 
+@pytest.mark.slow
 def test_jobs_that_differ_only_in_their_seed_are_one_variant_with_mean_and_std(seeds_sweep: Path):
     results = [json.loads(path.read_text()) for path in seeds_sweep.glob("*/result.json")]
     with open(seeds_sweep / "variants.csv") as file:
@@ -96,6 +98,7 @@ def test_jobs_that_differ_only_in_their_seed_are_one_variant_with_mean_and_std(s
         assert result["metrics"] == record["final_metrics"]
 
 
+@pytest.mark.slow
 def test_a_sweep_over_the_folds_gives_the_cross_validated_mean_and_std(tmp_path: Path, data_dir: Path):
     folds = ["data.num_folds=3", "data.fold=range(0,3)"]
     result = run_cli(
