@@ -1,6 +1,7 @@
 """Make this copy of the template your own project: its name, installed commands, description, author, licence,
 Python versions (pyproject.toml and the CI matrix), README, wandb project, default loggers, and (optionally)
-without the example datasets.
+without the example datasets. The user-facing docs (docs/*.md: tutorial, how-tos, reference) stay; the notes
+for the template's maintainers (docs/maintainers/) go.
 
     copier copy --trust <template> my-project   # asks the questions of copier.yml, then runs this script
     python scripts/new_project.py --name my-project --examples=strip   # or by hand, in a fresh clone
@@ -10,8 +11,9 @@ sets a value or removes a file, so a second run changes nothing more. The README
 still the template's own (scripts/project_readme.md becomes it): a README you wrote is never touched.
 
 Stripping the examples removes the image-folder data option (its datamodule, config, experiment, example
-script and tests) and the full-MNIST download option, with their README sections. The two datasets that
-ship inside installed packages stay: mnist5k, the default, and digits, on which the tests train in seconds.
+script and tests) and the full-MNIST download option, with their sections of the README and of docs/. The
+two datasets that ship inside installed packages stay: mnist5k, the default, and digits, on which the tests
+train in seconds.
 """
 
 import argparse
@@ -29,7 +31,10 @@ DEFAULT_DESCRIPTION = "Image classification with PyTorch Lightning and Hydra."
 TASKS = ["train", "eval", "predict", "export", "report"]  # the installed commands are <package>-<task>
 LOGGERS = ["csv", "tensorboard", "wandb", "mlflow"]
 PYTHONS = ["3.11", "3.12", "3.13"]  # oldest first: the CI matrix tests from the chosen one up
-# The example files; README sections about them sit between <!-- example --> and <!-- /example -->.
+# The template maintainers' notes (performance measurements, design): not a generated project's.
+MAINTAINER_DOCS = "docs/maintainers"
+# The example files; sections of the README and docs/*.md about them sit between <!-- example --> and
+# <!-- /example -->.
 EXAMPLES = [
     "src/data/image_folder_datamodule.py",
     "configs/data/image_folder.yaml",
@@ -77,6 +82,7 @@ def main() -> None:
     set_readme(args.name, args.description or DEFAULT_DESCRIPTION, package)
     set_wandb(args.wandb_project or package, args.wandb_entity or None)
     set_default_loggers(loggers)
+    remove_maintainer_docs()
     if args.examples == "strip":
         strip_examples()
     print(f"{args.name}: ready in {ROOT}")
@@ -167,13 +173,18 @@ def set_default_loggers(loggers: list[str]) -> None:
     edit("configs/train.yaml", r"^(  - logger: )\S+", f"  - logger: {choice}")
 
 
+def remove_maintainer_docs() -> None:
+    """The template's upkeep (docs/maintainers/) is not the project's: its pages link only to docs/*.md."""
+    shutil.rmtree(ROOT / MAINTAINER_DOCS, ignore_errors=True)
+
+
 def strip_examples() -> None:
     for path in EXAMPLES:
         (ROOT / path).unlink(missing_ok=True)
     shutil.rmtree(ROOT / "data" / "mnist_images", ignore_errors=True)
-    readme = ROOT / "README.md"
-    text = re.sub(r"<!-- example -->.*?<!-- /example -->\n?", "", readme.read_text(), flags=re.S)
-    readme.write_text(text)
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
+        text = re.sub(r"<!-- example -->.*?<!-- /example -->\n?", "", page.read_text(), flags=re.S)
+        page.write_text(text)
 
 
 if __name__ == "__main__":

@@ -284,7 +284,7 @@ def inputs(cfg: DictConfig, source: Source, model: LightningModule, batch_size: 
     config = group_config(cfg, source, "data")
     if config is None:
         raise ValueError(
-            f"{cfg.task_name} needs images: give inputs=<image files, a folder or a glob>, or data=<option> "
+            f"{cfg.task_name} needs images: give inputs=<image files, a folder or a glob>, or +data=<option> "
             f"({source.checkpoint} is not inside a run dir whose config names its data)"
         )
     datamodule = instantiate(config, _convert_="all")

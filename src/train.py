@@ -1,4 +1,4 @@
-"""Train a model: `python src/train.py [overrides]` (see configs/train.yaml and the README)."""
+"""Train a model: `python src/train.py [overrides]` (see configs/train.yaml and docs/tutorial.md)."""
 
 from pathlib import Path
 

@@ -232,7 +232,7 @@ def test_an_export_never_overwrites_unless_asked(trained: Path, tmp_path: Path, 
         (
             "predict",  # a checkpoint outside any run dir knows no data to predict on
             ["ckpt_path=TMP/loose.ckpt"],
-            "predict needs images: give inputs=<image files, a folder or a glob>, or data=<option>",
+            "predict needs images: give inputs=<image files, a folder or a glob>, or +data=<option>",
         ),
         (
             "export",

@@ -292,12 +292,16 @@ def test_a_project_generated_with_the_defaults_keeps_every_example(template: Pat
     answers = yaml.safe_load((project / ".copier-answers.yml").read_text())
     assert answers["keep_examples"] is True and answers["loggers"] == ["csv"]  # what copier update reuses
     assert not (project / "copier.yml").exists() and not (project / ".venv").exists()
+    # The user-facing docs come along (tutorial, how-tos, reference), the maintainers' notes do not.
+    pages = sorted(page.name for page in (template / "docs").glob("*.md"))
+    assert "tutorial.md" in pages and sorted(page.name for page in (project / "docs").glob("*.md")) == pages
+    assert not (project / "docs" / "maintainers").exists()
     # That it installs and runs is the next test's (in a venv of its own, with its own commands).
 
 
 # What the examples are called: none of it may be left in a project generated without them.
 EXAMPLE_NAMES = re.compile(
-    r"image_folder|mnist_images|example_images|ImageFolderDataModule|MNISTDataModule|\bmnist\b"
+    r"image_folder|mnist_images|finetune_images|example_images|ImageFolderDataModule|MNISTDataModule|\bmnist\b"
 )
 
 
@@ -382,6 +386,7 @@ def test_a_project_generated_with_other_answers_installs_and_passes_its_own_test
     readme = (project / "README.md").read_text()
     assert readme.startswith("# Cell counting\n\nCounts cells in microscope images.\n")
     assert "make train" in readme and "cell-counting-train" in readme and "## Add your own" in readme
+    assert "(docs/tutorial.md)" in readme  # its docs, which tests/test_docs.py checks there too
     for template_matter in (
         "copier copy",
         "Start your own project",
@@ -393,25 +398,28 @@ def test_a_project_generated_with_other_answers_installs_and_passes_its_own_test
     ):
         assert template_matter not in readme, template_matter
     assert not (project / "scripts" / "project_readme.md").exists()
-    # Without the examples nothing names them: no file, no README line, no config comment.
+    # Without the examples nothing names them: no file, no README or docs line, no config comment.
     for example in ("src/data/image_folder_datamodule.py", "configs/data/mnist.yaml", "tests/test_mnist.py"):
         assert not (project / example).exists()
+    pages = [project / "README.md", *sorted(project.glob("docs/**/*.md"))]
     named = [
         f"{path.relative_to(project)}:{number}: {line.strip()}"
-        for path in [
-            project / "README.md",
-            *sorted(project.glob("configs/**/*.yaml")),
-            *project.glob("src/**/*.py"),
-        ]
+        for path in [*pages, *sorted(project.glob("configs/**/*.yaml")), *project.glob("src/**/*.py")]
         for number, line in enumerate(path.read_text().splitlines(), 1)
-        if EXAMPLE_NAMES.search(line)
+        if EXAMPLE_NAMES.search(line) or "<!-- example -->" in line or "docs/maintainers" in line
     ]
     assert not named, "\n".join(named)
+    assert not (project / "docs" / "maintainers").exists()
 
     python = project_venv(project, tmp_path / "venv")
     # Its own fast tests of what generation changes (configs, code style, tooling and commands), in its own
     # venv; all of them (`make test-fast`) take minutes, too long inside this suite. Then its CLI, below.
-    own = ["tests/test_configs.py", "tests/test_code_quality.py", "tests/test_project.py"]
+    own = [
+        "tests/test_configs.py",
+        "tests/test_code_quality.py",
+        "tests/test_project.py",
+        "tests/test_docs.py",
+    ]
     tests = subprocess.run(
         [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", "-m", "not slow", *own],
         cwd=project, capture_output=True, text=True, timeout=900,
@@ -483,13 +491,37 @@ def test_new_project_refuses_bad_answers_before_changing_anything(args: list[str
     assert (ROOT / "pyproject.toml").read_text() == before
 
 
-def test_new_project_stops_when_the_template_no_longer_has_what_it_edits(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-):
+def new_project_in(root: Path, monkeypatch: pytest.MonkeyPatch):
+    """scripts/new_project.py as a module, editing the files under `root` instead of this repo's."""
     spec = importlib.util.spec_from_file_location("new_project", ROOT / "scripts" / "new_project.py")
     new_project = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(new_project)
-    monkeypatch.setattr(new_project, "ROOT", tmp_path)
+    monkeypatch.setattr(new_project, "ROOT", root)
+    return new_project
+
+
+def test_new_project_keeps_the_docs_without_their_examples_and_drops_the_maintainers_notes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    example = "<!-- example -->\nImages: `data=image_folder`.\n<!-- /example -->\n"
+    for page in ("README.md", "docs/tutorial.md", "docs/maintainers/design.md"):
+        (tmp_path / page).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / page).write_text(f"# {page}\n\nTrain.\n{example}Then test.\n")
+    new_project = new_project_in(tmp_path, monkeypatch)
+    new_project.remove_maintainer_docs()
+    new_project.strip_examples()
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*.md")) == [
+        "README.md",
+        "docs/tutorial.md",
+    ]
+    assert (tmp_path / "docs" / "tutorial.md").read_text() == "# docs/tutorial.md\n\nTrain.\nThen test.\n"
+    assert (tmp_path / "README.md").read_text() == "# README.md\n\nTrain.\nThen test.\n"
+
+
+def test_new_project_stops_when_the_template_no_longer_has_what_it_edits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    new_project = new_project_in(tmp_path, monkeypatch)
     (tmp_path / "pyproject.toml").write_text('[project]\nversion = "0.1.0"\n')  # no name line
     with pytest.raises(
         SystemExit, match=r"pyproject.toml: found nothing to replace .*has the template changed"
