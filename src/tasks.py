@@ -153,4 +153,5 @@ def _as_floats(metrics: dict) -> dict[str, float]:
 @rank_zero_only
 def _report(metrics: dict[str, float]) -> None:
     finite = {k: v for k, v in sorted(metrics.items()) if not math.isnan(v)}
-    log.info("Final metrics: " + ", ".join(f"{k}={v:.4f}" for k, v in finite.items()))
+    # Predictions on image files without labels have none.
+    log.info("Final metrics: " + (", ".join(f"{k}={v:.4f}" for k, v in finite.items()) or "none"))
