@@ -420,8 +420,11 @@ def test_a_project_generated_with_other_answers_installs_and_passes_its_own_test
         "tests/test_project.py",
         "tests/test_docs.py",
     ]
+    # Its docs' commands compose in the template (tests/test_docs.py); here the paths, links and options they
+    # name are checked against what generation left, which is where stripping the examples could break them.
+    skip = ["-k", "not test_every_command_composes"]
     tests = subprocess.run(
-        [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", "-m", "not slow", *own],
+        [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", "-m", "not slow", *skip, *own],
         cwd=project, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert tests.returncode == 0, tests.stdout[-5000:]

@@ -90,10 +90,10 @@ def assert_team_finished(
 @pytest.mark.parametrize("kind", ["sqlite", "journal"])
 def test_two_launches_at_once_finish_n_trials_together(kind: str, tmp_path: Path, data_dir: Path):
     storage = f"sqlite:///{tmp_path}/optuna.db" if kind == "sqlite" else f"{tmp_path}/optuna.journal"
-    launches = [Launch(name, storage, 4, tmp_path, data_dir) for name in ("first", "second")]
+    launches = [Launch(name, storage, 3, tmp_path, data_dir) for name in ("first", "second")]
     for launch in launches:
         launch.wait()
-    assert_team_finished(storage, 4, launches)
+    assert_team_finished(storage, 3, launches)
 
 
 @pytest.mark.slow
@@ -190,7 +190,7 @@ def postgres_url(tmp_path: Path) -> Iterator[str]:
 
 @pytest.mark.slow
 def test_two_launches_share_a_study_on_a_postgresql_server(postgres_url: str, tmp_path: Path, data_dir: Path):
-    launches = [Launch(name, postgres_url, 4, tmp_path, data_dir) for name in ("first", "second")]
+    launches = [Launch(name, postgres_url, 3, tmp_path, data_dir) for name in ("first", "second")]
     for launch in launches:
         launch.wait()
-    assert_team_finished(postgres_url, 4, launches)
+    assert_team_finished(postgres_url, 3, launches)
