@@ -30,13 +30,12 @@ from typing import Any, NamedTuple
 
 from omegaconf import DictConfig, OmegaConf
 
-from hydra_plugins.sweep_summary import MODES, REPLICATE_KEYS, format_table, group_variants
+from hydra_plugins.sweep_summary import MODES, REPLICATE_KEYS, RESULT_FILE, format_table, group_variants
 from src.run.extras import apply_extras
+from src.run.record import RECORD_FILE
 
 log = logging.getLogger(__name__)
 
-RECORD_FILE = "run.json"  # src/run/record.py
-RESULT_FILE = "result.json"  # hydra_plugins/sweep_summary
 # The CSV log of logger=csv (Lightning's CSVLogger): a resumed run continues in version_1, ...
 CSV_LOGS = "csv/version_*/metrics.csv"
 # The curves' x axis: the epoch, which compares runs of other batch or dataset sizes; the step for a metric
