@@ -32,7 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from hydra_plugins.sweep_summary import MODES, REPLICATE_KEYS, RESULT_FILE, format_table, group_variants
 from src.run.extras import apply_extras
-from src.run.record import RECORD_FILE
+from src.run.record import RECORD_FILE, flatten
 
 log = logging.getLogger(__name__)
 
@@ -305,7 +305,7 @@ def differing_settings(runs: list[Run], ignore: Iterable[str]) -> list[dict[str,
         flat.append(
             {
                 key: _text(value)
-                for key, value in _flatten(run.config).items()
+                for key, value in flatten(run.config).items()
                 if not any(key == k or key.startswith(f"{k}.") for k in ignore)
                 and not (isinstance(value, str) and (value == own_dir or value.startswith(f"{own_dir}/")))
             }
@@ -545,16 +545,6 @@ def file_name(metric: str) -> str:
 
 
 # --- helpers ------------------------------------------------------------------------------------------------
-
-
-def _flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in config.items():
-        if isinstance(value, Mapping) and value:
-            flat |= _flatten(value, f"{prefix}{key}.")
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
 
 
 def _text(value: Any) -> str:

@@ -12,6 +12,7 @@ import shlex
 import socket
 import subprocess
 import sys
+from collections.abc import Mapping
 from datetime import datetime
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -134,6 +135,17 @@ def for_loggers(record: dict[str, Any]) -> dict[str, Any]:
     if "resumed" in logged:
         logged["resumed"] = {"checkpoint": logged["resumed"]["checkpoint"]}
     return logged
+
+
+def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A recorded config as dotted keys (`model.optimizer.lr`), to compare runs and attempts key by key."""
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        if isinstance(value, Mapping) and value:
+            flat |= flatten(value, f"{prefix}{key}.")
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
 
 
 def _now() -> str:

@@ -14,7 +14,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from src.run.record import RECORD_FILE
+from src.run.record import RECORD_FILE, flatten
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ def newest_checkpoint(run_dir: Path) -> Path | None:
 
 def config_changes(before: dict[str, Any], now: dict[str, Any], limit: int = 8) -> list[str]:
     """`key: old -> new` for every setting that differs, except those that may change (MAY_CHANGE)."""
-    old, new = _flatten(before), _flatten(now)
+    old, new = flatten(before), flatten(now)
     keys = sorted(
         key
         for key in old.keys() | new.keys()
@@ -94,13 +94,3 @@ def config_changes(before: dict[str, Any], now: dict[str, Any], limit: int = 8) 
     )
     changes = [f"{key}: {old.get(key, '(absent)')} -> {new.get(key, '(absent)')}" for key in keys]
     return changes[:limit] + ([f"and {len(changes) - limit} more"] if len(changes) > limit else [])
-
-
-def _flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in config.items():
-        if isinstance(value, dict) and value:
-            flat |= _flatten(value, f"{prefix}{key}.")
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
