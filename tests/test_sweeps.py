@@ -467,6 +467,12 @@ def test_a_new_study_does_not_overwrite_the_runs_of_an_earlier_one(tmp_path: Pat
         ("mode=up", "mode=up is not valid; choose max or min"),
         ("hydra.sweeper.n_trials=0", "hydra.sweeper.n_trials=0 and n_jobs=1 must both be at least 1"),
         ("hydra.sweeper.max_failure_rate=2", "hydra.sweeper.max_failure_rate=2 must be between 0 and 1"),
+        ("hydra.sweeper.storage=study.db", "hydra.sweeper.storage=study.db is neither a database URL"),
+        (
+            "hydra.sweeper.grace_period=10",
+            "heartbeat_interval=30 and grace_period=10: give 0 < heartbeat_interval",
+        ),
+        ("hydra.sweeper.stale_retries=-1", "hydra.sweeper.stale_retries=-1 must be 0 or more"),
     ],
 )
 def test_bad_sweeper_settings_are_refused_before_any_trial(tmp_path: Path, data_dir: Path, override, message):

@@ -451,28 +451,39 @@ def open_storage(storage: str) -> optuna.storages.BaseStorage:
     """The study's storage: a database URL (sqlite:///..., postgresql://..., mysql://...) or a journal file."""
     import optuna
 
+    _local_file(storage)  # refuses what is neither, and makes the folder of a file
+    if "://" not in storage:
+        return optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(storage))
+    # Quiet the database layer: alembic logs every plugin it loads at INFO.
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+    try:
+        return optuna.storages.RDBStorage(storage)
+    except ModuleNotFoundError as err:  # the database's driver
+        extra = ' (pip install -e ".[postgres]")' if storage.startswith("postgresql") else ""
+        raise ModuleNotFoundError(
+            f"hydra.sweeper.storage={storage} needs the Python package {err.name}{extra}"
+        ) from err
+
+
+def _local_file(storage: str) -> Path | None:
+    """The file the storage lives in, with its folder made: a journal file or an SQLite database; None for a
+    database server (or SQLite in memory). A storage that is neither a URL nor a journal file is refused."""
     if "://" in storage:
         from sqlalchemy.engine import make_url
 
-        database = make_url(storage).database
-        if make_url(storage).get_backend_name() == "sqlite" and database and database != ":memory:":
-            Path(database).parent.mkdir(parents=True, exist_ok=True)
-        # Quiet the database layer: alembic logs every plugin it loads at INFO.
-        logging.getLogger("alembic").setLevel(logging.WARNING)
-        try:
-            return optuna.storages.RDBStorage(storage)
-        except ModuleNotFoundError as err:  # the database's driver
-            extra = ' (pip install -e ".[postgres]")' if storage.startswith("postgresql") else ""
-            raise ModuleNotFoundError(
-                f"hydra.sweeper.storage={storage} needs the Python package {err.name}{extra}"
-            ) from err
-    if not storage.endswith(JOURNAL_SUFFIXES):
+        url = make_url(storage)
+        if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:"):
+            return None
+        path = Path(url.database)
+    elif storage.endswith(JOURNAL_SUFFIXES):
+        path = Path(storage)
+    else:
         raise ValueError(
             f"hydra.sweeper.storage={storage} is neither a database URL (sqlite:///<file>.db, "
             f"postgresql://<user>@<host>/<database>, mysql://...) nor a journal file ({' or '.join(JOURNAL_SUFFIXES)})"
         )
-    Path(storage).parent.mkdir(parents=True, exist_ok=True)
-    return optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(storage))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 class StudyLock:
@@ -491,14 +502,12 @@ class StudyLock:
         self._threads = threading.Lock()  # the launch's own threads (its heartbeat's) take turns first
         self._journal = self._file = self._engine = None
         self._name = study_name
+        local = _local_file(url)
         if "://" not in url:
-            Path(url).parent.mkdir(parents=True, exist_ok=True)
             self._journal = optuna.storages.journal.JournalFileOpenLock(f"{url}.sweeper")
         elif make_url(url).get_backend_name() == "sqlite":
-            database = make_url(url).database
-            if database and database != ":memory:":
-                Path(database).parent.mkdir(parents=True, exist_ok=True)
-                self._file = open(f"{database}.lock", "a")  # noqa: SIM115 - open as long as the sweep
+            if local is not None:
+                self._file = open(f"{local}.lock", "a")  # noqa: SIM115 - open as long as the sweep
         else:
             self._engine = create_engine(url, poolclass=NullPool)  # a connection of its own, for the lock
             self._dialect = make_url(url).get_backend_name()
