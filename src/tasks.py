@@ -12,10 +12,13 @@ from hydra.types import RunMode
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig
 
-from src import exporters, inference
+from src.inference import export_formats, export_sidecar
+from src.inference.inputs import inputs
+from src.inference.predictions import ToWriter
 from src.run.builder import build
 from src.run.checkpoints import check_checkpoint, check_fits
 from src.run.resume import plan_resume
+from src.run.trained_run import load_model, locate, with_run_config, with_run_precision
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +51,8 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     """Test a checkpoint (`ckpt_path`, or the best one of `run_dir`) on the test split of its run's data, with
     its run's model config and precision; `data=`, `model=` and `trainer.precision=` on the command line
     choose others."""
-    source = inference.locate(cfg)
-    cfg = inference.with_run_precision(inference.with_run_config(cfg, source, ("data", "model")), source)
+    source = locate(cfg)
+    cfg = with_run_precision(with_run_config(cfg, source, ("data", "model")), source)
     with build(cfg) as run:
         check_fits(run.model, source.checkpoint)
         log.info(f"Testing {source.checkpoint}")
@@ -65,15 +68,15 @@ def predict(cfg: DictConfig) -> list[dict[str, Any]]:
     """Predict with a trained checkpoint on image files (`inputs`) or on a datamodule's test split; the task's
     PredictionWriter writes the predictions into this run's directory (predictions.csv and .json, and per
     image what the task adds: a segmentation's masks) and gives the `predict/` metrics of a test split."""
-    source = inference.locate(cfg)
-    model = inference.load_model(source, cfg.get("module"))
+    source = locate(cfg)
+    model = load_model(source, cfg.get("module"))
     writer = model.prediction_writer(cfg, Path(cfg.paths.output_dir))  # before any work: a task may have none
     if cfg.get("compile"):
         model.net.compile()
-    images = inference.inputs(cfg, source, model, cfg.batch_size)
+    images = inputs(cfg, source, model, cfg.batch_size)
     log.info(f"Predicting {len(images.loader.dataset)} images with {source.checkpoint}")
     with build(cfg, model=model, datamodule=images.datamodule) as run:
-        run.trainer.callbacks.append(inference.ToWriter(writer, images.each()))  # batch by batch
+        run.trainer.callbacks.append(ToWriter(writer, images.each()))  # batch by batch
         run.trainer.predict(model, dataloaders=images.loader, return_predictions=False)
         run.metrics = writer.finish()
     _report(run.metrics)
@@ -84,36 +87,36 @@ def export(cfg: DictConfig) -> Path:
     """Write the checkpoint's net as `cfg.format`, check the artifact against the model on real images,
     and write beside it what preprocessing its inputs need."""
     name = cfg.get("format")
-    if name not in exporters.FORMATS:
+    if name not in export_formats.FORMATS:
         raise ValueError(
-            f"format={name} is not an export format; choose one of {', '.join(exporters.FORMATS)}"
+            f"format={name} is not an export format; choose one of {', '.join(export_formats.FORMATS)}"
         )
-    fmt = exporters.FORMATS[name]
-    source = inference.locate(cfg)
-    model = inference.load_model(source, cfg.get("module"))
+    fmt = export_formats.FORMATS[name]
+    source = locate(cfg)
+    model = load_model(source, cfg.get("module"))
     model.output_description()  # before anything is written: a task module that cannot say what it outputs fails
     artifact = Path(cfg.output) if cfg.get("output") else source.checkpoint.with_suffix(fmt.suffix)
     if artifact.exists() and not cfg.get("overwrite"):
         raise FileExistsError(
             f"{artifact} exists; give output=<another path>, or overwrite=true to replace it"
         )
-    exporters.require(fmt.packages, f"format={name}")  # before anything is written
-    images = inference.inputs(cfg, source, model, cfg.parity_samples).first(cfg.parity_samples)
+    export_formats.require(fmt.packages, f"format={name}")  # before anything is written
+    images = inputs(cfg, source, model, cfg.parity_samples).first(cfg.parity_samples)
     if len(images) < 2:
         raise ValueError(
             f"the parity check needs at least 2 images (parity_samples={cfg.parity_samples}), found {len(images)}"
         )
     with build(cfg, model=model, trainer=False) as run:
         log.info(f"Exporting {source.checkpoint} as {name} to {artifact}")
-        with exporters.staged(artifact) as written:
+        with export_formats.staged(artifact) as written:
             fmt.save(model, images, written)
             candidate = fmt.load(written, model.hparams.net)
             what = f"{name} export {artifact}"
-            worst = exporters.check_parity(model, candidate, images, cfg.tolerance, what)
+            worst = export_formats.check_parity(model, candidate, images, cfg.tolerance, what)
         log.info(
             f"Parity check passed: outputs differ from the model's by at most {worst:.3g} (tolerance {cfg.tolerance:g})"
         )
-        inference.write_sidecar(artifact, model, name, worst, cfg.tolerance, source.checkpoint)
+        export_sidecar.write_sidecar(artifact, model, name, worst, cfg.tolerance, source.checkpoint)
         run.metrics = {"export/max_diff": worst}
     return artifact
 

@@ -16,8 +16,9 @@ import torch
 from lightning import LightningDataModule
 from PIL import Image
 
-from src.inference import Source, file_loader, load_model
+from src.inference.inputs import file_loader
 from src.models.classifier_module import ClassifierModule
+from src.run.trained_run import TrainedRun, load_model
 from tests.conftest import last_metrics, only_run_dir, run_cli
 
 # Stripes: 8x8 images of horizontal (class 0) or vertical (class 1) stripes under noise; an MLP learns them
@@ -155,7 +156,7 @@ def test_predict_and_export_work_on_its_test_split(
 
 @pytest.mark.slow
 def test_image_files_are_refused_naming_the_datamodule_and_what_to_implement(trained: Path, tmp_path: Path):
-    model = load_model(Source(trained / "checkpoints" / "best.ckpt", None))
+    model = load_model(TrainedRun(trained / "checkpoints" / "best.ckpt", None))
     Image.fromarray(np.zeros((8, 8), dtype=np.uint8)).save(tmp_path / "photo.png")
     with pytest.raises(
         ValueError,

@@ -10,8 +10,8 @@ import yaml
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from src.inference import chosen_groups, with_keys_set
 from src.run.builder import instantiate_group
+from src.run.trained_run import chosen_groups, with_keys_set
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 

@@ -11,10 +11,10 @@ import torch
 from lightning.pytorch.tuner.lr_finder import _LRFinder
 from PIL import Image
 
-from src import inference
 from src.callbacks.lr_finder import steepest_descent
 from src.run import preflight
 from src.run.checkpoints import load_checkpoint
+from src.run.trained_run import TrainedRun, load_model
 from tests.conftest import CONFIG_DIR, ROOT, built_once, run_cli
 
 WITH_TESTS = {"PYTHONPATH": str(ROOT)}  # so Hydra can load tests.helpers
@@ -124,8 +124,8 @@ def test_the_average_is_what_best_ckpt_holds_and_what_test_eval_predict_and_expo
     assert evaluated["test/loss"] == pytest.approx(trained["test/loss"], rel=1e-6)
 
     # predict and export load the model as below (weights_only=True): the average.
-    source = inference.Source(ema_run / "checkpoints" / "best.ckpt", run_config=None)
-    loaded = inference.load_model(source).state_dict()
+    source = TrainedRun(ema_run / "checkpoints" / "best.ckpt", run_config=None)
+    loaded = load_model(source).state_dict()
     for name, value in expected.items():
         torch.testing.assert_close(loaded[name], value, rtol=1e-6, atol=1e-7)
 

@@ -11,9 +11,10 @@ import torch
 from omegaconf import OmegaConf
 from PIL import Image
 
-from src import exporters
-from src.inference import Source, expand_inputs, load_model, with_run_precision
+from src.inference import export_formats
+from src.inference.inputs import expand_inputs
 from src.run.checkpoints import load_checkpoint
+from src.run.trained_run import TrainedRun, load_model, with_run_precision
 from tests.conftest import last_metrics, only_run_dir, run_cli
 
 
@@ -129,9 +130,9 @@ def test_each_export_format_passes_its_parity_check(trained: Path, tmp_path: Pat
     assert sidecar["input"]["shape"] == ["batch", 1, 8, 8] and sidecar["input"]["image_mode"] == "L"
     assert sidecar["class_names"] == [str(i) for i in range(10)] and sidecar["output"]["name"] == "logits"
     # Run the artifact on its own, on a batch size it was not exported with.
-    model = load_model(Source(trained / "checkpoints" / "best.ckpt", None))
+    model = load_model(TrainedRun(trained / "checkpoints" / "best.ckpt", None))
     images = torch.randn(5, 1, 8, 8)
-    run = exporters.FORMATS[fmt].load(artifact, sidecar["net"])
+    run = export_formats.FORMATS[fmt].load(artifact, sidecar["net"])
     with torch.no_grad():
         assert torch.allclose(run(images), model(images), atol=1e-5)
 
@@ -150,12 +151,12 @@ def test_a_broken_export_fails_its_parity_check(trained: Path, tmp_path: Path, d
     assert [p.name for p in artifact.parent.iterdir()] == ["model.onnx"]
     assert artifact.read_bytes() == b"an earlier export"
     # A candidate that is another model fails at the default tolerance.
-    model = load_model(Source(trained / "checkpoints" / "best.ckpt", None))
-    other = load_model(Source(trained / "checkpoints" / "best.ckpt", None))
+    model = load_model(TrainedRun(trained / "checkpoints" / "best.ckpt", None))
+    other = load_model(TrainedRun(trained / "checkpoints" / "best.ckpt", None))
     with torch.no_grad():
         other.net.layers[-1].bias.add_(0.01)
     with pytest.raises(ValueError, match=r"failed its parity check: .* more than tolerance=1e-05"):
-        exporters.check_parity(model, other, torch.randn(8, 1, 8, 8), 1e-5, "rigged")
+        export_formats.check_parity(model, other, torch.randn(8, 1, 8, 8), 1e-5, "rigged")
 
 
 def test_the_parity_check_allows_float32_rounding_relative_to_the_largest_output():
@@ -169,16 +170,16 @@ def test_the_parity_check_allows_float32_rounding_relative_to_the_largest_output
     def small(x: torch.Tensor) -> torch.Tensor:
         return torch.linspace(-0.5, 0.5, 11).repeat(len(x), 1)
 
-    worst = exporters.check_parity(large, lambda x: large(x) + 1.5e-5, images, 1e-5, "rigged")
+    worst = export_formats.check_parity(large, lambda x: large(x) + 1.5e-5, images, 1e-5, "rigged")
     assert worst == pytest.approx(1.5e-5 / 16, rel=0.1)
     with pytest.raises(ValueError, match=r"by up to 1.5e-05 \(relative .*\), more than tolerance=1e-05"):
-        exporters.check_parity(small, lambda x: small(x) + 1.5e-5, images, 1e-5, "rigged")
+        export_formats.check_parity(small, lambda x: small(x) + 1.5e-5, images, 1e-5, "rigged")
 
 
 def test_an_artifact_whose_outputs_have_another_shape_fails_its_parity_check(trained: Path):
-    model = load_model(Source(trained / "checkpoints" / "best.ckpt", None))
+    model = load_model(TrainedRun(trained / "checkpoints" / "best.ckpt", None))
     with pytest.raises(ValueError, match=r"rigged gives outputs of shape \[8, 9\], the model \[8, 10\]"):
-        exporters.check_parity(model, lambda x: model(x)[:, :9], torch.randn(8, 1, 8, 8), 1e-5, "rigged")
+        export_formats.check_parity(model, lambda x: model(x)[:, :9], torch.randn(8, 1, 8, 8), 1e-5, "rigged")
 
 
 def test_a_checkpoint_without_its_preprocessing_is_refused(trained: Path, tmp_path: Path):
@@ -186,7 +187,7 @@ def test_a_checkpoint_without_its_preprocessing_is_refused(trained: Path, tmp_pa
     del checkpoint["hyper_parameters"]["preprocessing"]  # as saved by an older version of the template
     torch.save(checkpoint, tmp_path / "old.ckpt")
     with pytest.raises(ValueError, match=r"does not say how its inputs were preprocessed"):
-        load_model(Source(tmp_path / "old.ckpt", None))
+        load_model(TrainedRun(tmp_path / "old.ckpt", None))
 
 
 def test_inputs_without_image_files_are_refused(tmp_path: Path):
@@ -252,14 +253,14 @@ def test_bad_predict_and_export_input_is_refused(
 
 
 def test_onnx_without_the_export_extra_names_it(monkeypatch: pytest.MonkeyPatch):
-    real = exporters.importlib.util.find_spec
+    real = export_formats.importlib.util.find_spec
     monkeypatch.setattr(
-        exporters.importlib.util, "find_spec", lambda name: None if name == "onnxscript" else real(name)
+        export_formats.importlib.util, "find_spec", lambda name: None if name == "onnxscript" else real(name)
     )
     with pytest.raises(
         ModuleNotFoundError, match=r"format=onnx needs the export extra \(missing: onnxscript\): pip install"
     ):
-        exporters.require(exporters.ONNX_PACKAGES, "format=onnx")
+        export_formats.require(export_formats.ONNX_PACKAGES, "format=onnx")
 
 
 def test_a_checkpoint_saved_from_a_torch_compiled_net_loads_too(trained: Path, tmp_path: Path):
@@ -270,8 +271,8 @@ def test_a_checkpoint_saved_from_a_torch_compiled_net_loads_too(trained: Path, t
     }
     foreign = tmp_path / "compiled.ckpt"
     torch.save(checkpoint, foreign)
-    model = load_model(Source(foreign, None))
-    reference = load_model(Source(trained / "checkpoints" / "best.ckpt", None))
+    model = load_model(TrainedRun(foreign, None))
+    reference = load_model(TrainedRun(trained / "checkpoints" / "best.ckpt", None))
     images = torch.randn(4, 1, 8, 8)
     with torch.no_grad():
         assert torch.equal(model(images), reference(images))
@@ -290,4 +291,4 @@ def test_eval_uses_the_training_runs_precision(trained: str | None, used: str | 
     """A bf16 run is tested in bf16, so eval reproduces its test metrics; float16 needs CUDA, else 32."""
     run_config = {"trainer": {"precision": trained}} if trained else None
     cfg = OmegaConf.create({"trainer": {"precision": 32}})
-    assert with_run_precision(cfg, Source(Path("best.ckpt"), run_config)).trainer.precision == used
+    assert with_run_precision(cfg, TrainedRun(Path("best.ckpt"), run_config)).trainer.precision == used

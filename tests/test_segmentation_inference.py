@@ -13,9 +13,9 @@ import torch
 from hydra.utils import instantiate
 from PIL import Image
 
-from src import exporters
 from src.data.digit_scenes_datamodule import CLASS_NAMES
-from src.inference import Source, load_model
+from src.inference import export_formats
+from src.run.trained_run import TrainedRun, load_model
 from tests.conftest import last_metrics, only_run_dir, run_cli
 
 SEGMENTER = "module=src.models.segmenter_module.SegmenterModule"
@@ -134,9 +134,9 @@ def test_segmenter_exports_pass_their_parity_check_with_a_dynamic_batch(
     assert output["argmax_for"] == "class indices (over dim 1)"
     assert sidecar["class_names"] == CLASS_NAMES
     # The U-Net pads its input to a multiple of 8 and crops its output back: the batch axis stays dynamic.
-    model = load_model(Source(segment_run / "checkpoints" / "best.ckpt", None), SEGMENTER.split("=")[1])
+    model = load_model(TrainedRun(segment_run / "checkpoints" / "best.ckpt", None), SEGMENTER.split("=")[1])
     images = torch.randn(3, 1, 64, 64)  # a batch size the export and its check did not use
-    run = exporters.FORMATS[fmt].load(artifact, sidecar["net"])
+    run = export_formats.FORMATS[fmt].load(artifact, sidecar["net"])
     with torch.no_grad():
         got, expected = run(images), model(images)
     assert got.shape == (3, 11, 64, 64) and torch.allclose(got, expected, atol=1e-5)
@@ -151,11 +151,11 @@ def test_a_broken_segmenter_export_fails_its_parity_check(segment_run: Path, tmp
     assert "failed its parity check: its outputs differ from the model's by up to" in result.stderr
     assert not [*tmp_path.glob("unet.onnx*"), *tmp_path.glob(".unet.onnx*")]  # nothing of it is kept
     # An artifact that crops the U-Net's output wrong fails on its shape.
-    model = load_model(Source(segment_run / "checkpoints" / "best.ckpt", None), SEGMENTER.split("=")[1])
+    model = load_model(TrainedRun(segment_run / "checkpoints" / "best.ckpt", None), SEGMENTER.split("=")[1])
     with pytest.raises(
         ValueError, match=r"gives outputs of shape \[4, 11, 63, 64\], the model \[4, 11, 64, 64\]"
     ):
-        exporters.check_parity(
+        export_formats.check_parity(
             model, lambda x: model(x)[..., :63, :], torch.randn(4, 1, 64, 64), 1e-5, "cropped"
         )
 

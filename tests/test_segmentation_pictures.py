@@ -19,11 +19,11 @@ from src.callbacks.segmentation_pictures import (
     IGNORED,
     TINT,
     class_iou,
-    class_palette,
     draw_iou,
     draw_segmentations,
     overlay,
 )
+from src.common.display import class_palette
 from src.run.builder import instantiate_group, skip_idle_batch_hooks
 from tests.conftest import ONE_BATCH, SMALL_SCENES, only_run_dir, run_cli
 

@@ -19,7 +19,7 @@ from lightning.pytorch.loggers import MLFlowLogger, TensorBoardLogger, WandbLogg
 from torch import Tensor
 from torchmetrics.classification import MulticlassConfusionMatrix
 
-from src.data.components.labels import names_or_indices
+from src.common.classes import names_or_indices
 
 if TYPE_CHECKING:  # matplotlib is imported when a picture is drawn
     from matplotlib.figure import Figure
@@ -177,11 +177,3 @@ def to_rgb(figure: "Figure") -> np.ndarray:
     canvas = FigureCanvasAgg(figure)
     canvas.draw()
     return np.asarray(canvas.buffer_rgba())[..., :3].copy()
-
-
-def displayable(image: Tensor) -> np.ndarray:
-    """A normalised image (C, H, W) as RGB (H, W, 3) floats in 0..1, stretched from its min to its max: its
-    first three channels, or its one channel as grey."""
-    pixels = image - image.min()
-    pixels = (pixels / (pixels.max() or 1)).permute(1, 2, 0).numpy()
-    return np.repeat(pixels[..., :1], 3, axis=-1) if pixels.shape[-1] < 3 else pixels[..., :3]

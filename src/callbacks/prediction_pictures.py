@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 from torch import Tensor
 
-from src.callbacks.pictures import Pictures, Sample, displayable
+from src.callbacks.pictures import Pictures, Sample
+from src.common.display import displayable
 
 if TYPE_CHECKING:  # matplotlib is imported when a picture is drawn
     from matplotlib.figure import Figure

@@ -11,7 +11,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from src.callbacks.pictures import Pictures, Sample, displayable
+from src.callbacks.pictures import Pictures, Sample
+from src.common.display import class_palette, displayable
 
 if TYPE_CHECKING:  # matplotlib is imported when a picture is drawn
     from matplotlib.figure import Figure
@@ -52,18 +53,6 @@ def class_iou(matrix: Tensor) -> Tensor:
     hits = matrix.diagonal()
     union = matrix.sum(dim=0) + matrix.sum(dim=1) - hits
     return torch.where(union > 0, hits / union.clamp(min=1), torch.nan)
-
-
-def class_palette(num_classes: int) -> np.ndarray:
-    """One fixed RGB colour per class (num_classes, 3), in 0..1: matplotlib's tab20 without its greys (the
-    colour of ignored pixels), its 9 strong hues first and then their light tints; past 18 classes, as many
-    colours spread over the turbo colour map."""
-    from matplotlib import colormaps
-
-    if num_classes <= 18:
-        colours = [colour for i, colour in enumerate(colormaps["tab20"].colors) if i not in (14, 15)]
-        return np.array(colours[0::2] + colours[1::2])[:num_classes]
-    return colormaps["turbo"](np.linspace(0, 1, num_classes))[:, :3]
 
 
 def overlay(image: Tensor, mask: Tensor, palette: np.ndarray, ignore_index: int | None) -> np.ndarray:

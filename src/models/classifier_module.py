@@ -2,7 +2,7 @@
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -11,8 +11,10 @@ from torch import Tensor
 from torchmetrics import Metric
 from torchmetrics.classification import MulticlassAccuracy
 
-from src.data.components.labels import names_or_indices
-from src.models.task_module import PredictInput, PredictionWriter, TaskModule
+from src.models.task_module import TaskModule
+
+if TYPE_CHECKING:  # predict's machinery, imported when predict asks for the writer
+    from src.inference.predictions import PredictionWriter
 
 
 class ClassifierModule(TaskModule):
@@ -77,7 +79,9 @@ class ClassifierModule(TaskModule):
         expected = math.log(classes)
         return expected, f"ln({classes}) = {expected:.3g}, what an untrained classifier should give"
 
-    def prediction_writer(self, cfg: DictConfig, out_dir: Path) -> PredictionWriter:
+    def prediction_writer(self, cfg: DictConfig, out_dir: Path) -> "PredictionWriter":
+        from src.inference.classification_predictions import ClassificationPredictions
+
         return ClassificationPredictions(self, cfg, out_dir)
 
     def output_description(self) -> dict[str, Any]:
@@ -86,41 +90,3 @@ class ClassifierModule(TaskModule):
             "shape": ["batch", self.hparams.num_classes],
             "softmax_for": "probabilities",
         }
-
-
-class ClassificationPredictions(PredictionWriter):
-    """One row per image: the predicted class, its name and probability, and the `top_k` most likely classes
-    (predict's `top_k`); on a test split also the label, and `predict/acc`."""
-
-    columns = ("index", "file", "label", "label_name", "predicted", "predicted_name", "probability", "top_k")
-
-    def __init__(self, module: TaskModule, cfg: DictConfig, out_dir: Path) -> None:
-        super().__init__(module, cfg, out_dir)
-        self.names = names_or_indices(module.label_names(), module.hparams.num_classes)
-
-    def add(self, outputs: Tensor, inputs: list[PredictInput]) -> None:
-        top_p, top_i = outputs.topk(min(self.cfg.top_k, outputs.shape[1]), dim=1)
-        for p_row, i_row, item in zip(top_p.tolist(), top_i.tolist(), inputs, strict=True):
-            row = {
-                "predicted": i_row[0],
-                "predicted_name": self.names[i_row[0]],
-                "probability": p_row[0],
-                "top_k": [
-                    {"class": i, "name": self.names[i], "probability": p}
-                    for i, p in zip(i_row, p_row, strict=True)
-                ],
-                "index": item.index,
-                "file": str(item.file) if item.file else None,
-            }
-            if item.target is not None:
-                row |= {"label": int(item.target), "label_name": self.names[int(item.target)]}
-            self.rows.append(row)
-
-    def csv_row(self, row: dict[str, Any]) -> dict[str, Any]:
-        return row | {"top_k": ";".join(f"{t['name']}:{t['probability']:.6f}" for t in row["top_k"])}
-
-    def metrics(self) -> dict[str, float]:
-        labelled = [row for row in self.rows if "label" in row]
-        if not labelled:
-            return {}
-        return {"predict/acc": sum(row["predicted"] == row["label"] for row in labelled) / len(labelled)}

@@ -3,19 +3,16 @@
 A task module subclasses `TaskModule` and says three things for training: how a batch becomes a loss,
 predictions and targets (`step`), which metrics each stage tracks (`stage_metrics`), and what a prediction is
 (`predict_step`). For `src/predict.py` and `src/export.py` it says two more: how its predictions are written
-(`prediction_writer`, returning a `PredictionWriter`) and what its net's output means in an export
-(`output_description`); a module without them trains and evaluates, and predict or export name the missing
-method. Everything else is here: the net, optimizer and scheduler built from configs kept as plain data,
+(`prediction_writer`, returning a `PredictionWriter`: src/inference/predictions.py) and what its net's
+output means in an export (`output_description`); a module without them trains and evaluates, and predict or
+export name the missing method. Everything else is here: the net, optimizer and scheduler built from configs kept as plain data,
 torch.compile and channels-last, a loss mean and the metrics per stage, updated each step and logged once an
 epoch, their states in checkpoints, and the best value so far of the watched metric.
 """
 
-import csv
-import json
 import logging
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import hydra
 import lightning as L
@@ -24,8 +21,11 @@ from omegaconf import DictConfig, OmegaConf
 from torch import Tensor
 from torchmetrics import MaxMetric, MeanMetric, Metric, MinMetric
 
-from src.data.components.labels import names_or_indices
+from src.common.classes import names_or_indices
 from src.models.components.pretrained import is_norm
+
+if TYPE_CHECKING:  # predict's machinery (src/inference/), which a task module names but never needs to train
+    from src.inference.predictions import PredictionWriter
 
 log = logging.getLogger(__name__)
 
@@ -361,56 +361,3 @@ class TaskModule(L.LightningModule):
         }
         stepping.setdefault("interval", getattr(scheduler, "interval", "epoch"))  # the scheduler's own
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, **stepping}}
-
-
-@dataclass
-class PredictInput:
-    """One input of a predict run, as a PredictionWriter sees it."""
-
-    index: int  # its place among the inputs: the row's `index`
-    file: Path | None = None  # the image file it was read from (inputs=); None on a test split
-    image: Tensor | None = None  # on a test split, the net's input (C, H, W); None for a file (read the file)
-    target: Any = None  # on a test split, what is right (a class index, a mask); None for a file
-
-
-class PredictionWriter:
-    """What `python src/predict.py` writes for one task: a task module returns one from `prediction_writer()`.
-
-    predict hands it each batch of `predict_step` outputs with the inputs they are for (`add`, which appends
-    one row per input to `rows` and may write a file per input, such as a mask), then calls `finish` once.
-    `finish` writes the rows to predictions.json (as they are) and predictions.csv (`columns`, with
-    `csv_row` flattening what does not fit in a cell) and returns `metrics()`, the `predict/<name>` values a
-    test split's targets give (none for image files).
-    """
-
-    columns: tuple[str, ...] = ()  # the CSV's columns, in order; those the first row lacks are left out
-
-    def __init__(self, module: TaskModule, cfg: DictConfig, out_dir: Path) -> None:
-        self.module, self.cfg, self.out_dir = module, cfg, out_dir
-        self.rows: list[dict[str, Any]] = []
-
-    def add(self, outputs: Tensor, inputs: list[PredictInput]) -> None:
-        """One row in `rows` for each input of a batch of `predict_step` outputs (and its files, if any)."""
-        raise NotImplementedError(f"{type(self).__name__} must implement add()")
-
-    def metrics(self) -> dict[str, float]:
-        """The `predict/<name>` metrics over every row (those that need targets only on a test split)."""
-        return {}
-
-    def csv_row(self, row: dict[str, Any]) -> dict[str, Any]:
-        """A row as predictions.csv's cells."""
-        return row
-
-    def finish(self) -> dict[str, float]:
-        """Write predictions.json and predictions.csv; return the metrics."""
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        (self.out_dir / "predictions.json").write_text(json.dumps(self.rows, indent=1) + "\n")
-        with open(self.out_dir / "predictions.csv", "w", newline="") as file:
-            cells = [self.csv_row(row) for row in self.rows]
-            writer = csv.DictWriter(file, fieldnames=[c for c in self.columns if c in (cells or [{}])[0]])
-            writer.writeheader()
-            writer.writerows({key: cell[key] for key in writer.fieldnames} for cell in cells)
-        log.info(
-            f"Wrote {len(self.rows)} predictions to {self.out_dir / 'predictions.csv'} and predictions.json"
-        )
-        return self.metrics()

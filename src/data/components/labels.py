@@ -8,7 +8,6 @@ import csv
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 
@@ -178,8 +177,3 @@ def _column_index(column: int | str, names: list[str], label_file: Path, key: st
 
 def _is_int(text: str) -> bool:
     return text.lstrip("-").isdigit()
-
-
-def names_or_indices(names: Sequence[Any] | None, num_classes: int) -> list[str]:
-    """The class names as strings, or "0" .. "num_classes-1" for a dataset that does not name its classes."""
-    return [str(name) for name in names] if names else [str(i) for i in range(num_classes)]

@@ -1,0 +1,46 @@
+"""The .json beside an export: what the artifact expects (input shape, image mode, preprocessing) and gives
+(the task module's `output_description()`), the class names and net config, and how its parity was checked."""
+
+import json
+import logging
+from pathlib import Path
+
+from lightning import LightningModule
+
+from src.inference.export_formats import PARITY_RULE
+
+log = logging.getLogger(__name__)
+
+
+def write_sidecar(
+    artifact: Path, model: LightningModule, fmt: str, max_diff: float, tolerance: float, checkpoint: Path
+) -> Path:
+    """<artifact>.json: what the artifact expects and gives, and how it was checked."""
+    preprocessing = model.hparams.preprocessing
+    sidecar = artifact.with_name(artifact.name + ".json")
+    if preprocessing.get("transform") is None:
+        log.warning(
+            f"{sidecar.name}: the input preprocessing is null, since {preprocessing.get('datamodule')} does not "
+            "say how an image file becomes the net's input; feed the artifact what its test split gives"
+        )
+    sidecar.write_text(
+        json.dumps(
+            {
+                "format": fmt,
+                "checkpoint": str(checkpoint),
+                "input": {  # image_mode and preprocessing are null when the datamodule did not say
+                    "shape": ["batch", *(preprocessing.get("input_shape") or [])],
+                    "dtype": "float32",
+                    "image_mode": preprocessing.get("image_mode"),
+                    "preprocessing": preprocessing.get("transform"),
+                },
+                "output": model.output_description(),
+                "class_names": model.label_names(),
+                "net": model.hparams.net,
+                "parity": {"max_diff": max_diff, "tolerance": tolerance, "rule": PARITY_RULE},
+            },
+            indent=1,
+        )
+        + "\n"
+    )
+    return sidecar
