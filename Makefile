@@ -6,12 +6,11 @@ VENV := .venv
 PY := $(VENV)/bin/python
 # The pinned versions the installs use; `make test LOCK=` installs the newest that pyproject.toml allows.
 LOCK ?= requirements.lock
-# The pip that installs them. A new venv brings the pip of its Python (23.2 with Python 3.11 here), which takes
-# 35 s to resolve the lock where this one takes 13 s: `make test` from a fresh clone installs in 88 s, not 111 s.
+# The pip that installs them: a new venv's own pip (23.2 with Python 3.11) resolves the lock far slower.
 PIP_VERSION := 26.1.2
-# pip compiles what it installs to bytecode one file at a time (40 s of those 88 s on 2 cores). It installs with
-# --no-compile, then this compiles the installed packages on every core (24 s on 2), skipping, as pip does, the
-# few files that are not Python 3 (a test helper of torch's).
+# pip compiles what it installs to bytecode one file at a time. It installs with --no-compile, then this
+# compiles the installed packages on every core, skipping, as pip does, the few files that are not Python 3
+# (a test helper of torch's).
 COMPILE := $(PY) -c "import compileall, sysconfig; compileall.compile_dir(sysconfig.get_path('purelib'), quiet=2, workers=0)"
 # What `make test` installs on top of the project: the dev tools and every optional integration the tests cover.
 TEST_EXTRAS := dev,mlflow,export,deepspeed,postgres

@@ -207,7 +207,7 @@ class TaskModule(L.LightningModule):
 
     # Steps only update the metrics' states (on the device, no host sync); each epoch's values are computed
     # and logged once, at its end: logging a Metric object every step costs Lightning a fixed overhead per call
-    # that shows on small models (measured with scripts/benchmark.py).
+    # that shows on small models (scripts/benchmark.py shows it).
 
     def _update(self, stage: str, loss: Tensor, preds: Tensor, targets: Tensor) -> None:
         self.metric(stage, "loss").update(loss.detach())
