@@ -12,8 +12,9 @@ PIP_VERSION := 26.1.2
 # compiles the installed packages on every core, skipping, as pip does, the few files that are not Python 3
 # (a test helper of torch's).
 COMPILE := $(PY) -c "import compileall, sysconfig; compileall.compile_dir(sysconfig.get_path('purelib'), quiet=2, workers=0)"
-# What `make test` installs on top of the project: the dev tools and every optional integration the tests cover.
-TEST_EXTRAS := dev,mlflow,export,deepspeed,postgres
+# What `make test` installs on top of the project: every extra of pyproject.toml (the dev tools and every
+# optional integration, which the tests cover).
+TEST_EXTRAS = $(shell sed -n '/^\[project.optional-dependencies\]/,/^\[/s/^\([a-z]*\) = .*/\1/p' pyproject.toml | paste -sd, -)
 # One stamp per install: each reruns when pyproject.toml, the lock or the install settings change.
 STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test

@@ -1,19 +1,15 @@
 """Make this copy of the template your own project: its name, installed commands, description, author, licence,
-Python versions (pyproject.toml and the CI matrix), README, wandb project, default loggers, and (optionally)
-without the example datasets. The user-facing docs (docs/*.md: tutorial, how-tos, reference) stay; the notes
-for the template's maintainers (docs/maintainers/) go.
+Python versions (pyproject.toml and the CI matrix), README, wandb project, default loggers, and the parts it
+keeps on top of the core (scripts/parts.yaml). The user-facing docs (docs/*.md: tutorial, how-tos,
+reference) stay, without the sections of the parts left out; the notes for the template's maintainers
+(docs/maintainers/) go.
 
     copier copy --trust <template> my-project   # asks the questions of copier.yml, then runs this script
-    python scripts/new_project.py --name my-project --examples=strip   # or by hand, in a fresh clone
+    python scripts/new_project.py --name my-project --parts=segmentation,predict   # or by hand, in a fresh clone
 
 It edits files in place, in the folder above `scripts/`, and can run again (copier update does): every step
 sets a value or removes a file, so a second run changes nothing more. The README is replaced only while it is
 still the template's own (scripts/project_readme.md becomes it): a README you wrote is never touched.
-
-Stripping the examples removes the image-folder data option (its datamodule, config, experiment, example
-script and tests) and the full-MNIST download option, with their sections of the README and of docs/. The
-two datasets that ship inside installed packages stay: mnist5k, the default, and digits, on which the tests
-train in seconds.
 """
 
 import argparse
@@ -33,20 +29,15 @@ LOGGERS = ["csv", "tensorboard", "wandb", "mlflow"]
 PYTHONS = ["3.11", "3.12", "3.13"]  # oldest first: the CI matrix tests from the chosen one up
 # The template maintainers' notes (performance measurements, design): not a generated project's.
 MAINTAINER_DOCS = "docs/maintainers"
-# The example files; sections of the README and docs/*.md about them sit between <!-- example --> and
-# <!-- /example -->.
-EXAMPLES = [
-    "src/data/image_folder_datamodule.py",
-    "configs/data/image_folder.yaml",
-    "configs/experiment/mnist_images.yaml",
-    "configs/experiment/finetune_images.yaml",
-    "scripts/make_example_images.py",
-    "src/data/components/example_images.py",
-    "tests/test_image_folder.py",
-    "src/data/mnist_datamodule.py",
-    "configs/data/mnist.yaml",
-    "tests/test_mnist.py",
-]
+# What a project may leave out: scripts/parts.yaml, read by choose_parts().
+PARTS_FILE = "scripts/parts.yaml"
+# A line kept only with some parts ends in `[part: a, b]`; a block is kept only with them between a start line
+# `# part: a, b` (`<!-- part: a, b -->` in Markdown) and an end line `# /part` (`<!-- /part -->`).
+LINE_TAG = re.compile(r"\s*\[part: ([\w, -]+)\]\s*$")
+BLOCK_START = re.compile(r"^\s*(?:#|<!--)\s*part: ([\w, -]+?)\s*(?:-->)?\s*$")
+BLOCK_END = re.compile(r"^\s*(?:#|<!--)\s*/part\s*(?:-->)?\s*$")
+# The files the markers may stand in: text that a part's lines can be part of.
+MARKED = (".py", ".yaml", ".yml", ".toml", ".md", ".cfg", ".txt", ".sh", "Makefile", "run")
 
 
 def main() -> None:
@@ -61,9 +52,16 @@ def main() -> None:
     parser.add_argument("--wandb-entity", default="", help="wandb team or user (default: your own)")
     parser.add_argument("--loggers", default="csv", help=f"comma-separated, from {', '.join(LOGGERS)}")
     parser.add_argument(
-        "--examples", choices=["keep", "strip"], default="keep", help="strip: remove the example datasets"
+        "--parts",
+        default="all",
+        help="comma-separated parts to keep on top of the core (scripts/parts.yaml), 'all' or '' for none",
     )
     args = parser.parse_args()
+    manifest = read_parts()
+    # A project made earlier has no manifest left: its parts were chosen then.
+    chosen = set(manifest) if args.parts == "all" else {name for name in args.parts.split(",") if name}
+    for name in sorted(chosen - set(manifest)) if manifest else []:
+        parser.error(f"--parts: {name} is not a part; choose from {', '.join(manifest)} (or all)")
     loggers = [name for name in args.loggers.split(",") if name]
     for name in loggers:
         if name not in LOGGERS:
@@ -76,6 +74,15 @@ def main() -> None:
     if not package:
         parser.error(f"--name {args.name!r} has no letters or digits to name a package with")
 
+    kept = with_needs(manifest, chosen) if manifest else set()
+    for name in loggers:
+        if manifest and name in manifest and name not in kept:
+            parser.error(
+                f"--loggers: {name} needs the {name} part; add it to --parts, or choose another logger"
+            )
+
+    if manifest:
+        choose_parts(manifest, kept)  # first: the edits below find the lines the parts left
     set_project(package, args.description, args.author, args.python)
     set_license(args.author)
     set_ci(args.python)
@@ -83,8 +90,6 @@ def main() -> None:
     set_wandb(args.wandb_project or package, args.wandb_entity or None)
     set_default_loggers(loggers)
     remove_maintainer_docs()
-    if args.examples == "strip":
-        strip_examples()
     print(f"{args.name}: ready in {ROOT}")
 
 
@@ -120,7 +125,8 @@ def set_project(package: str, description: str, author: str, python: str) -> Non
             python_line += "\n" + authors
     edit("pyproject.toml", r"^requires-python = .*$", python_line)
     edit("pyproject.toml", r'^target-version = ".*"$', f'target-version = "py{python.replace(".", "")}"')
-    for task in TASKS:  # the installed commands: named after the project, never a shell builtin
+    for task in [task for task in TASKS if (ROOT / "src" / f"{task}.py").exists()]:
+        # the installed commands: named after the project, never a shell builtin
         edit(
             "pyproject.toml",
             rf'^[\w.-]+-{task} = "src\.{task}:main"$',
@@ -178,13 +184,85 @@ def remove_maintainer_docs() -> None:
     shutil.rmtree(ROOT / MAINTAINER_DOCS, ignore_errors=True)
 
 
-def strip_examples() -> None:
-    for path in EXAMPLES:
-        (ROOT / path).unlink(missing_ok=True)
-    shutil.rmtree(ROOT / "data" / "mnist_images", ignore_errors=True)
-    for page in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
-        text = re.sub(r"<!-- example -->.*?<!-- /example -->\n?", "", page.read_text(), flags=re.S)
-        page.write_text(text)
+def read_parts() -> dict[str, dict]:
+    """The parts of scripts/parts.yaml, or none in a project generated earlier (the file went with them)."""
+    import yaml  # installed with Hydra; imported here so that --help works before `make install`
+
+    path = ROOT / PARTS_FILE
+    return yaml.safe_load(path.read_text()) if path.exists() else {}
+
+
+def with_needs(manifest: dict[str, dict], chosen: set[str]) -> set[str]:
+    """The chosen parts and every part they need, and what those need."""
+    todo, kept = list(chosen), set()
+    while todo:
+        name = todo.pop()
+        if name not in kept:
+            kept.add(name)
+            todo += manifest[name].get("needs", [])
+    return kept
+
+
+def files_left_out(manifest: dict[str, dict], kept: set[str]) -> list[str]:
+    """The files and folders of the parts not kept, and those that two parts share when either is not kept."""
+    paths = []
+    for name, part in manifest.items():
+        if name not in kept:
+            paths += part.get("files", [])
+        for other, files in (part.get("with") or {}).items():
+            if name not in kept or other not in kept:
+                paths += files
+    return paths
+
+
+def keep_lines(text: str, kept: set[str], where: str) -> str:
+    """`text` without the lines and blocks of parts not kept, and without any marker."""
+    lines, blocks = [], []  # blocks: for each open block, whether its lines are kept
+    closed = False  # the line before was the end of a block left out
+    for number, line in enumerate(text.splitlines(keepends=True), 1):
+        if start := BLOCK_START.match(line):
+            blocks.append(all(name.strip() in kept for name in start[1].split(",")))
+            continue
+        if BLOCK_END.match(line):
+            if not blocks:
+                raise SystemExit(f"{where}:{number}: a part's end marker without its start")
+            closed = not blocks.pop()
+            continue
+        if not all(blocks):
+            continue
+        if closed and not line.strip() and (not lines or not lines[-1].strip()):
+            continue  # a blank line before the block and one after it: keep one
+        closed = False
+        if tag := LINE_TAG.search(line.rstrip("\n")):
+            if not all(name.strip() in kept for name in tag[1].split(",")):
+                continue
+            end = "\n" if line.endswith("\n") else ""
+            line = line.rstrip("\n")[: tag.start()].rstrip()
+            line = (line[:-1].rstrip() if line.endswith("#") else line) + end  # a comment of the tag alone
+        lines.append(line)
+    if blocks:
+        raise SystemExit(f"{where}: a part's block is never closed (# /part)")
+    return "".join(lines).rstrip("\n") + "\n" if lines else ""
+
+
+def choose_parts(manifest: dict[str, dict], kept: set[str]) -> None:
+    """Remove the parts not kept (their files, and their lines in the files that stay), then the markers and
+    the manifest: what is left is the project's own."""
+    for path in files_left_out(manifest, kept):
+        target = ROOT / path
+        shutil.rmtree(target) if target.is_dir() else target.unlink(missing_ok=True)
+    for path in sorted(ROOT.rglob("*")):
+        relative = path.relative_to(ROOT)
+        if relative.parts[0] in (".git", ".venv", "logs", "data") or not path.is_file():
+            continue
+        if not (path.suffix in MARKED or path.name in MARKED):
+            continue
+        text = path.read_text(errors="replace")
+        if "part" in text:
+            new = keep_lines(text, kept, str(relative))
+            if new != text:
+                path.write_text(new)
+    (ROOT / PARTS_FILE).unlink(missing_ok=True)
 
 
 if __name__ == "__main__":

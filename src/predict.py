@@ -14,7 +14,7 @@ CONFIG_DIR = str(Path(__file__).resolve().parents[1] / "configs")
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="predict")
 def main(cfg: DictConfig) -> None:
     # Imported here, so that `--help` and `--cfg job` answer without loading torch and Lightning.
-    from src.tasks import predict
+    from src.inference.tasks import predict
 
     predict(cfg)
 

@@ -6,19 +6,19 @@ The user's project lives in tmp_path (the module on PYTHONPATH, its config on Hy
 test leaves no file in the repository.
 """
 
-import json
+import json  # [part: predict]
 from pathlib import Path
 from types import SimpleNamespace
 
-import numpy as np
+import numpy as np  # [part: predict]
 import pytest
 import torch
 from lightning import LightningDataModule
-from PIL import Image
+from PIL import Image  # [part: predict]
 
-from src.inference.inputs import file_loader
+from src.inference.inputs import file_loader  # [part: predict]
 from src.models.classifier_module import ClassifierModule
-from src.run.trained_run import TrainedRun, load_model
+from src.run.trained_run import TrainedRun, load_model  # [part: predict]
 from tests.conftest import last_metrics, only_run_dir, run_cli
 
 # Stripes: 8x8 images of horizontal (class 0) or vertical (class 1) stripes under noise; an MLP learns them
@@ -128,6 +128,7 @@ def test_its_checkpoint_evaluates_to_the_training_runs_test_accuracy(
     assert last_metrics(only_run_dir(tmp_path, "eval"))["test/acc"] == last_metrics(trained)["test/acc"]
 
 
+# part: predict
 @pytest.mark.slow
 def test_predict_and_export_work_on_its_test_split(
     project: Path, trained: Path, tmp_path: Path, data_dir: Path
@@ -166,6 +167,9 @@ def test_image_files_are_refused_naming_the_datamodule_and_what_to_implement(tra
         file_loader([tmp_path / "photo.png"], model.hparams.preprocessing, batch_size=1)
 
 
+# /part
+
+
 def test_any_lightning_datamodule_is_recorded_as_one_that_does_not_say_how_to_read_files():
     """The README also allows "any LightningDataModule": without inference_preprocessing() it still trains."""
     module = ClassifierModule(
@@ -180,7 +184,9 @@ def test_any_lightning_datamodule_is_recorded_as_one_that_does_not_say_how_to_re
         "transform": None,
     }
     assert module.hparams.class_names == ["0", "1"]
+    # part: predict
     with pytest.raises(
         ValueError, match=r"lightning.pytorch.core.datamodule.LightningDataModule does not say"
     ):
         file_loader([Path("photo.png")], module.hparams.preprocessing, batch_size=1)
+    # /part

@@ -219,6 +219,7 @@ def test_empty_tags_are_refused_when_enforced(compose_cfg):
         apply_extras(compose_cfg("train", ["tags=[]"]))
 
 
+# part: optuna
 @pytest.mark.parametrize("search", options("hparams_search"))
 def test_every_value_of_each_hparams_search_composes_into_a_model(search):
     from hydra import compose, initialize_config_dir
@@ -241,3 +242,6 @@ def test_every_value_of_each_hparams_search_composes_into_a_model(search):
         for value in values:
             trial_cfg = compose_train([f"hparams_search={search}", space.override(key, value)])
             assert isinstance(instantiate(trial_cfg.model), L.LightningModule)
+
+
+# /part

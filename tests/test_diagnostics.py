@@ -115,3 +115,12 @@ def test_a_batch_hook_runs_when_a_setting_needs_it(compose_cfg, tmp_path: Path):
     ):
         assert callable(getattr(by_name[name], hook)), f"{name}.{hook}"
     assert by_name["RNGState"].on_train_batch_start is None  # never any work to do
+
+
+def test_debug_presets_draw_no_pictures(compose_cfg):
+    pictures = "callbacks=[default,prediction_pictures]"
+    for preset in ("fdr", "limit", "overfit", "profiler", "default"):
+        assert (
+            compose_cfg("train", [pictures, f"debug={preset}"]).callbacks.get("prediction_pictures") is None
+        )
+    assert compose_cfg("train", [pictures]).callbacks.prediction_pictures is not None

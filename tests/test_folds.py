@@ -5,7 +5,6 @@ import hashlib
 import logging
 import re
 from collections import Counter
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -15,10 +14,8 @@ from hydra.utils import instantiate
 from torch.utils.data import Dataset, Subset, TensorDataset
 
 from src.data.datamodule import DataModule
-from src.data.segmentation_folder_datamodule import SegmentationFolderDataset
 from src.run.preprocessing import follow_the_weights
-from tests.conftest import CONFIG_DIR, SMALL_SCENES
-from tests.test_segmentation_folder import folder_overrides, write_folder
+from tests.conftest import CONFIG_DIR
 
 DIGITS = ["data=digits", "data.loading=samples"]  # samples: the splits stay Subsets, whose indices we compare
 
@@ -53,7 +50,10 @@ def test_the_digits_folds_partition_the_pool_by_class_and_leave_the_test_split(c
         assert all(abs(counts[c] - n / 5) < 1 for c, n in pool_counts.items()), counts
 
 
+# part: segmentation
 def test_the_digit_scenes_folds_partition_the_pool(compose_cfg):
+    from tests.conftest import SMALL_SCENES
+
     scenes = ["data=digit_scenes", *SMALL_SCENES]
     plain = datamodule(compose_cfg, *scenes)
     folds = [datamodule(compose_cfg, *scenes, "data.num_folds=4", f"data.fold={f}") for f in range(4)]
@@ -67,6 +67,9 @@ def test_the_digit_scenes_folds_partition_the_pool(compose_cfg):
             pool.tensors[0], torch.cat([plain.data_train.tensors[0], plain.data_val.tensors[0]])
         )
         assert torch.equal(dm.data_test.tensors[1], plain.data_test.tensors[1])
+
+
+# /part
 
 
 def test_a_fold_is_the_same_on_every_rank_and_after_a_resume(compose_cfg, monkeypatch: pytest.MonkeyPatch):
@@ -85,22 +88,6 @@ def test_a_fold_is_the_same_on_every_rank_and_after_a_resume(compose_cfg, monkey
     assert seen[0] == seen[1]
     other = datamodule(compose_cfg, *overrides, "data.split_seed=7")
     assert indices(other.data_val) != seen[0][1]  # split_seed is what draws them
-
-
-def test_the_validation_fold_of_image_files_gets_the_validation_transforms(compose_cfg, tmp_path: Path):
-    """Files with transforms per stage (data=segmentation_folder): the training folds go through the training
-    (random) transforms, the validation fold through the validation ones."""
-    write_folder(tmp_path)  # 12 image/mask pairs, split 8/2/2
-    settings = folder_overrides(tmp_path)
-    plain = datamodule(compose_cfg, *settings)
-    dm = datamodule(compose_cfg, *settings, "data.num_folds=5", "data.fold=4")
-    assert (len(dm.data_train), len(dm.data_val), len(dm.data_test)) == (8, 2, 2)
-    torch.manual_seed(0)
-    pair = dm.data_val.dataset.pairs[dm.data_val.indices[0]]
-    image, mask = SegmentationFolderDataset([pair], plain.data_val.transform, "RGB")[0]
-    assert torch.equal(dm.data_val[0][0], image) and torch.equal(dm.data_val[0][1], mask)  # resized only
-    assert not torch.equal(dm.data_train[0][0], dm.data_train[0][0])  # training: random crops and flips
-    assert dm.data_test.pairs == plain.data_test.pairs
 
 
 # --- bad input ---

@@ -100,6 +100,7 @@ def test_torchrun_on_one_node_and_on_two_nodes_trains_the_same_model_into_one_ru
     assert last_metrics(run_dir)["test/acc"] == last_metrics(only_run_dir(one_node))["test/acc"]
 
 
+# part: cluster
 @pytest.mark.slow
 def test_submitit_local_runs_a_two_job_sweep_including_lightning_launched_ddp(tmp_path: Path, data_dir: Path):
     # Job 1 is DDP whose worker Lightning starts from inside a submitit job (whose argv is submitit's).
@@ -129,6 +130,10 @@ def test_submitit_local_runs_a_two_job_sweep_including_lightning_launched_ddp(tm
     assert "GLOBAL_RANK: 1, MEMBER: 2/2" in submitit_logs
 
 
+# /part
+
+
+# part: cluster
 def test_slurm_launcher_asks_for_one_task_per_gpu_and_lightnings_requeue_signal(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
@@ -166,6 +171,9 @@ def test_slurm_launcher_asks_for_one_task_per_gpu_and_lightnings_requeue_signal(
         "--time=240",
     ):
         assert f"#SBATCH {line}\n" in script, f"{line} missing from:\n{script}"
+
+
+# /part
 
 
 @pytest.mark.slow

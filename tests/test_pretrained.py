@@ -18,10 +18,10 @@ from omegaconf import OmegaConf
 from torch.utils.data import DataLoader, TensorDataset
 
 from src.models.classifier_module import ClassifierModule
-from src.models.components.pretrained import is_norm
 from src.models.components.timm_net import TimmNet
 from src.models.components.torchvision_net import TorchvisionNet
 from src.models.components.warmup_cosine import WarmupCosine
+from src.models.task_module import NORMS
 from src.run import preflight
 from tests.conftest import cli_command, cli_env, only_run_dir, run_cli
 
@@ -138,7 +138,7 @@ def test_a_frozen_backbone_keeps_every_tensor_and_norm_statistic_until_it_is_unf
     moved = [name for name in backbone if not torch.equal(unfrozen[name], frozen[name])]
     assert len(moved) == len(backbone)  # unfrozen: every weight and statistic of the backbone moves
     assert all(p.requires_grad for p in module.parameters())
-    assert all(m.training for m in module.net.modules() if is_norm(m))
+    assert all(m.training for m in module.net.modules() if isinstance(m, NORMS))
 
 
 def test_parameter_groups_name_the_backbone_and_head_and_spare_biases_and_norms_the_decay():
@@ -148,7 +148,7 @@ def test_parameter_groups_name_the_backbone_and_head_and_spare_biases_and_norms_
     assert groups["backbone"]["lr_scale"] == 0.1 and "lr_scale" not in groups["head"]
     no_decay = [p for name in ("backbone_no_decay", "head_no_decay") for p in groups[name]["params"]]
     assert all(p.ndim == 1 for p in no_decay) and groups["head_no_decay"]["weight_decay"] == 0.0
-    norms = [m.weight for m in module.net.modules() if is_norm(m)]
+    norms = [m.weight for m in module.net.modules() if isinstance(m, NORMS)]
     assert all(any(w is p for p in no_decay) for w in norms)
     assert sum(len(g["params"]) for g in groups.values()) == len(list(module.parameters()))
     assert module.net.head_module().bias in groups["head_no_decay"]["params"]
@@ -266,7 +266,9 @@ class Phases(L.Callback):
         head = set(module.net.head_module().parameters())
         backbone = [p for p in module.net.parameters() if p not in head]
         norms = [
-            m for m in module.net.modules() if is_norm(m) and m not in set(module.net.head_module().modules())
+            m
+            for m in module.net.modules()
+            if isinstance(m, NORMS) and m not in set(module.net.head_module().modules())
         ]
         self.seen.append(
             (

@@ -13,7 +13,9 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from PIL import Image
 
+from src.data.segmentation_folder_datamodule import SegmentationFolderDataset
 from tests.conftest import last_metrics, only_run_dir, run_cli
+from tests.test_folds import datamodule
 
 SIZES = [(24, 24), (32, 28), (40, 36), (28, 40)]  # (width, height): mixed on purpose
 CLASSES = 3
@@ -262,3 +264,19 @@ def test_bad_settings_are_refused_naming_the_key(segmentation_folder, tmp_path: 
     write_folder(tmp_path, count=3)
     with pytest.raises((InstantiationException, FileNotFoundError), match=error):
         segmentation_folder("data.split=[1,1,1]", *overrides)
+
+
+def test_the_validation_fold_of_image_files_gets_the_validation_transforms(compose_cfg, tmp_path: Path):
+    """Files with transforms per stage (data=segmentation_folder): the training folds go through the training
+    (random) transforms, the validation fold through the validation ones."""
+    write_folder(tmp_path)  # 12 image/mask pairs, split 8/2/2
+    settings = folder_overrides(tmp_path)
+    plain = datamodule(compose_cfg, *settings)
+    dm = datamodule(compose_cfg, *settings, "data.num_folds=5", "data.fold=4")
+    assert (len(dm.data_train), len(dm.data_val), len(dm.data_test)) == (8, 2, 2)
+    torch.manual_seed(0)
+    pair = dm.data_val.dataset.pairs[dm.data_val.indices[0]]
+    image, mask = SegmentationFolderDataset([pair], plain.data_val.transform, "RGB")[0]
+    assert torch.equal(dm.data_val[0][0], image) and torch.equal(dm.data_val[0][1], mask)  # resized only
+    assert not torch.equal(dm.data_train[0][0], dm.data_train[0][0])  # training: random crops and flips
+    assert dm.data_test.pairs == plain.data_test.pairs

@@ -1,60 +1,52 @@
-"""Experiment tracking: wandb offline, TensorBoard, CSV together; MLflow in SQLite; the run record; pictures and
-histograms."""
+"""Experiment tracking: wandb offline, TensorBoard, CSV together; the run record; pictures and histograms.
+(MLflow: tests/test_mlflow.py.)"""
 
 import json
 import os
-import subprocess
-import sys
-import time
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
 from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from src.run import preflight
 from src.run.builder import build
 from src.run.record import git_state
 from tests.conftest import (
     ROOT,
-    free_port,
     last_metrics,
     only_run_dir,
     run_cli,
-    torchrun,
     wandb_records,
     wandb_run,
 )
 
 DIGITS_MLP = ["data=digits", "model/net=mlp", "trainer.max_epochs=2"]
+# One real training run with CSV, TensorBoard and wandb (offline) at once.
+MANY_LOGGERS = [*DIGITS_MLP, "logger=many_loggers"]
+# part: diagnostics
+MANY_LOGGERS += [  # the pictures and histograms on
+    "callbacks=[default,prediction_pictures,histograms]",
+    "callbacks.histograms.log=all",
+    "callbacks.histograms.every_n_steps=10",
+]
+# /part
 
 
 @pytest.fixture(scope="module")
 def many_loggers_run(tmp_path_factory: pytest.TempPathFactory, data_dir: Path) -> Path:
     """One real training run with CSV, TensorBoard and wandb (offline) at once, the pictures and histograms on."""
     log_dir = tmp_path_factory.mktemp("logs")
-    overrides = [
-        *DIGITS_MLP,
-        "logger=many_loggers",
-        "callbacks=[default,prediction_pictures,histograms]",
-        "callbacks.histograms.log=all",
-        "callbacks.histograms.every_n_steps=10",
-    ]
-    result = run_cli("train", *overrides, log_dir=log_dir, data_dir=data_dir)
+    result = run_cli("train", *MANY_LOGGERS, log_dir=log_dir, data_dir=data_dir)
     assert result.returncode == 0, result.stderr[-3000:]
     return only_run_dir(log_dir)
 
 
 def test_wandb_gets_the_nested_resolved_config_and_a_recognisable_name(many_loggers_run: Path):
     wandb = wandb_run(many_loggers_run)
-    assert wandb["run"].display_name == (
-        "callbacks.histograms.every_n_steps=10,callbacks.histograms.log=all,"
-        "callbacks=[default,prediction_pictures,histograms],data=digits,logger=many_loggers,model/net=mlp,"
-        "trainer.max_epochs=2"
-    )  # the job's overrides, without where files go (paths.*)
+    # The job's overrides in order, without where files go (paths.*) and the tests' own settings.
+    assert wandb["run"].display_name == ",".join(sorted(MANY_LOGGERS))
     assert wandb["run"].job_type == "train" and wandb["run"].run_group == ""  # a single run has no group
     config = wandb["config"]
     assert config["model"]["net"]["hidden_sizes"] == [256, 128]  # nested, not "model/net/hidden_sizes"
@@ -77,6 +69,7 @@ def test_wandb_gets_train_val_and_test_metrics_and_the_pictures(many_loggers_run
     } <= logged
     test_acc = next(row["test/acc"] for row in wandb["history"] if "test/acc" in row)
     assert test_acc == pytest.approx(last_metrics(many_loggers_run)["test/acc"])
+    # part: diagnostics
     for picture in ("val/confusion_matrix", "test/confusion_matrix", "test/predictions"):
         (row,) = [row for row in wandb["history"] if f"{picture}/_type" in row][-1:]
         assert row[f"{picture}/_type"] == "images/separated"
@@ -85,6 +78,7 @@ def test_wandb_gets_train_val_and_test_metrics_and_the_pictures(many_loggers_run
         image = Image.open(wandb["dir"] / "files" / name)
         assert image.format == "PNG" and min(image.size) > 300
     assert any(row.get("gradients/net.layers.1.weight/_type") == "histogram" for row in wandb["history"])
+    # /part
 
 
 def test_tensorboard_event_files_hold_the_scalars_the_pictures_and_the_histograms(many_loggers_run: Path):
@@ -94,6 +88,7 @@ def test_tensorboard_event_files_hold_the_scalars_the_pictures_and_the_histogram
     tags = events.Tags()
     assert {"train/loss", "val/acc", "test/acc"} <= set(tags["scalars"])
     assert events.Scalars("test/acc")[-1].value == pytest.approx(last_metrics(many_loggers_run)["test/acc"])
+    # part: diagnostics
     assert {"val/confusion_matrix", "val/predictions", "test/confusion_matrix", "test/predictions"} <= set(
         tags["images"]
     )
@@ -102,6 +97,7 @@ def test_tensorboard_event_files_hold_the_scalars_the_pictures_and_the_histogram
         "gradients/net.layers.1.weight" in tags["histograms"]
         and "parameters/net.layers.1.weight" in tags["histograms"]
     )
+    # /part
 
 
 def test_the_run_record_says_what_ran_from_which_code_and_how_it_ended(many_loggers_run: Path):
@@ -118,8 +114,10 @@ def test_the_run_record_says_what_ran_from_which_code_and_how_it_ended(many_logg
     assert datetime.fromisoformat(record["start_time"]) <= datetime.fromisoformat(record["end_time"])
     assert record["final_metrics"]["test/acc"] == pytest.approx(last_metrics(many_loggers_run)["test/acc"])
     assert record["config"]["model"]["net"]["hidden_sizes"] == [256, 128]
+    # part: diagnostics
     pictures = many_loggers_run / "pictures"  # the test pictures as files too
     assert sorted(p.name for p in pictures.iterdir()) == ["test_confusion_matrix.png", "test_predictions.png"]
+    # /part
 
 
 def test_git_fields_are_null_outside_a_git_repository(tmp_path: Path):
@@ -169,7 +167,7 @@ def test_wandb_online_without_a_login_fails_at_start_and_the_record_says_so(tmp_
 @pytest.mark.slow
 def test_ddp_creates_one_wandb_run_from_rank_zero_with_its_checkpoints(tmp_path: Path, data_dir: Path):
     overrides = ["trainer=ddp_sim", *DIGITS_MLP, "logger=wandb", "logger.wandb.log_model=all"]
-    overrides += ["callbacks=[default,prediction_pictures]"]  # drawn on rank 0 only (checked below)
+    overrides += ["callbacks=[default,prediction_pictures]"]  # drawn on rank 0 only  [part: diagnostics]
     # Lightning refuses log_model with logger.wandb.offline=true; offline checkpoints need WANDB_MODE=offline.
     result = run_cli("train", *overrides, log_dir=tmp_path, data_dir=data_dir, env={"WANDB_MODE": "offline"})
     assert result.returncode == 0, result.stderr[-3000:]
@@ -178,120 +176,7 @@ def test_ddp_creates_one_wandb_run_from_rank_zero_with_its_checkpoints(tmp_path:
     wandb = wandb_run(run_dir)
     assert wandb["config"]["run"]["world_size"] == 2
     assert json.loads((run_dir / "run.json").read_text())["world_size"] == 2
-    assert any("test/confusion_matrix/_type" in row for row in wandb["history"])  # drawn once, on rank 0
+    assert any("test/confusion_matrix/_type" in row for row in wandb["history"])  # once  [part: diagnostics]
     (run_file,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
     artifacts = [r.artifact for r in wandb_records(run_file) if r.WhichOneof("record_type") == "artifact"]
     assert artifacts and all(a.type == "model" for a in artifacts)  # log_model=all: checkpoints as artifacts
-
-
-def test_debug_presets_draw_no_pictures(compose_cfg):
-    pictures = "callbacks=[default,prediction_pictures]"
-    for preset in ("fdr", "limit", "overfit", "profiler", "default"):
-        assert (
-            compose_cfg("train", [pictures, f"debug={preset}"]).callbacks.get("prediction_pictures") is None
-        )
-    assert compose_cfg("train", [pictures]).callbacks.prediction_pictures is not None
-
-
-def mlflow_runs(log_dir: Path, experiment: str) -> tuple[Any, list]:
-    """MLflow's own client on the SQLite store under `log_dir`, and the runs of one experiment in it."""
-    from mlflow import MlflowClient
-
-    client = MlflowClient(f"sqlite:///{log_dir}/mlflow.db")
-    return client, client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
-
-
-@pytest.mark.slow
-def test_mlflow_sweep_jobs_share_one_sqlite_file_with_their_params_metrics_and_pictures(
-    tmp_path: Path, data_dir: Path
-):
-    # Started from another folder: nothing may land in the working directory (MLflow's default ./mlruns).
-    log_dir = tmp_path / "logs"
-    pictures = "callbacks=[default,prediction_pictures]"
-    overrides = ["-m", *DIGITS_MLP, "model.optimizer.lr=0.001,0.01", "logger=[csv,mlflow]", pictures]
-    result = run_cli("train", *overrides, log_dir=log_dir, data_dir=data_dir, cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["logs"]
-    assert {"mlflow.db", "mlflow-artifacts"} <= {p.name for p in log_dir.iterdir()}
-    client, runs = mlflow_runs(log_dir, "train")
-    runs = {run.data.params["model/optimizer/lr"]: run for run in runs}
-    assert sorted(runs) == ["0.001", "0.01"]  # one run per job, each with its own hyperparameters
-    (sweep,) = (log_dir / "train" / "multiruns").iterdir()
-    for job, lr in (("0", "0.001"), ("1", "0.01")):
-        run = runs[lr]
-        assert run.info.status == "FINISHED" and f"model.optimizer.lr={lr}" in run.info.run_name.split(",")
-        assert run.data.params["trainer/max_epochs"] == "2" and run.data.params["run/world_size"] == "1"
-        metrics = run.data.metrics
-        assert {"train/loss", "train/acc", "val/loss", "val/acc", "val/acc_best", "test/acc"} <= set(metrics)
-        assert metrics["test/acc"] == pytest.approx(last_metrics(sweep / job)["test/acc"])  # as in its CSV
-        assert len(client.get_metric_history(run.info.run_id, "val/acc")) == 2  # one per epoch
-        artifacts = Path(run.info.artifact_uri.removeprefix("file://"))
-        assert artifacts.is_relative_to(log_dir / "mlflow-artifacts")
-        assert {"val~confusion_matrix", "test~confusion_matrix", "test~predictions"} <= {
-            p.name.split("+", 1)[0] for p in (artifacts / "images").glob("*.png")
-        }
-
-
-# Opens a new SQLite store in the folder argv[1] as soon as the file `go` appears there, and logs one metric.
-OPEN_AT_ONCE = """
-import sys, time
-from pathlib import Path
-from src.run.loggers import MLFlowLogger
-
-folder, number = Path(sys.argv[1]), sys.argv[2]
-(folder / f"ready-{number}").touch()
-while not (folder / "go").exists():
-    time.sleep(0.01)
-logger = MLFlowLogger(experiment_name="train", tracking_uri=f"sqlite:///{folder}/mlflow.db")
-logger.log_metrics({"val/acc": float(number)}, step=0)
-logger.finalize("success")
-"""
-
-
-@pytest.mark.slow
-def test_processes_that_open_a_new_mlflow_store_at_once_all_log(tmp_path: Path):
-    """torchrun's ranks, or the parallel jobs of a sweep, start together on a new mlflow.db; without the lock
-    MLflow's table creation and Lightning's experiment creation collided (alembic or "already exists")."""
-    processes = [
-        subprocess.Popen([sys.executable, "-c", OPEN_AT_ONCE, str(tmp_path), str(n)], stderr=subprocess.PIPE)
-        for n in range(2)
-    ]
-    while len(list(tmp_path.glob("ready-*"))) < 2 and all(p.poll() is None for p in processes):
-        time.sleep(0.05)
-    (tmp_path / "go").touch()
-    for process in processes:
-        _, stderr = process.communicate(timeout=120)
-        assert process.returncode == 0, stderr.decode()[-3000:]
-    _, runs = mlflow_runs(tmp_path, "train")
-    assert sorted(run.data.metrics["val/acc"] for run in runs) == [0.0, 1.0]
-
-
-@pytest.mark.slow
-def test_torchrun_ranks_share_the_mlflow_store_and_only_rank_zero_logs(tmp_path: Path, data_dir: Path):
-    result = run_cli(
-        "train",
-        "trainer=ddp",
-        "trainer.accelerator=cpu",
-        "trainer.devices=2",
-        *DIGITS_MLP,
-        "logger=mlflow",
-        launcher=torchrun("--nproc_per_node=2", f"--master_port={free_port()}"),
-        log_dir=tmp_path,
-        data_dir=data_dir,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    _, (run,) = mlflow_runs(tmp_path, "train")  # both ranks opened the new store; one run, from rank 0
-    assert run.info.status == "FINISHED" and run.data.params["run/world_size"] == "2"
-    assert {"val/acc", "test/acc"} <= set(run.data.metrics)
-
-
-def test_mlflow_without_its_extra_names_the_extra_before_anything_is_built(
-    compose_cfg, monkeypatch: pytest.MonkeyPatch
-):
-    # As in an install without the extra: `import mlflow` fails and find_spec("mlflow") is None.
-    monkeypatch.setitem(sys.modules, "mlflow", None)
-    with pytest.raises(
-        ModuleNotFoundError, match=r'^logger=mlflow needs MLflow: pip install -e "\.\[mlflow\]"$'
-    ):
-        preflight.check_run(compose_cfg("train", ["logger=mlflow"]))
-    preflight.check_run(compose_cfg("train", ["logger=csv"]))  # the other loggers need no extra

@@ -8,13 +8,13 @@ import csv
 import json
 from pathlib import Path
 
-import optuna
+import optuna  # [part: optuna]
 import pytest
 import torch
 import yaml
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
-from optuna.study import StudyDirection
+from optuna.study import StudyDirection  # [part: optuna]
 
 from hydra_plugins.sweep_summary import write_summary
 from src.models.classifier_module import ClassifierModule
@@ -76,6 +76,7 @@ def test_one_override_of_the_watched_metric_changes_every_consumer(tmp_path: Pat
     assert [float(row["val/loss_best"]) for row in rows] == pytest.approx([best["1"], best["0"]])
 
 
+# part: optuna
 @pytest.mark.slow
 def test_an_optuna_study_minimizes_when_the_mode_is_min(tmp_path: Path, data_dir: Path):
     overrides = [*WATCH_LOSS, "hydra.sweeper.n_trials=2", "trainer.max_epochs=1"]
@@ -95,6 +96,9 @@ def test_an_optuna_study_minimizes_when_the_mode_is_min(tmp_path: Path, data_dir
     assert int(read_summary(study_dir)[0]["job"]) == study.best_trial.number
 
 
+# /part
+
+
 # --- without overrides, and refused values: no training ---
 
 
@@ -107,14 +111,20 @@ def test_by_default_everything_watches_val_acc_and_maximizes(tmp_path: Path, dat
         assert (consumer["monitor"], consumer["mode"]) == ("val/acc", "max")
 
     GlobalHydra.instance().clear()
+    # part: optuna
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
         search = compose("train", ["hparams_search=digits_mlp"], return_hydra_config=True)
-        # predict (like export) has no `mode`: the shared hydra config falls back to max.
-        predict = compose("predict", return_hydra_config=True)
     GlobalHydra.instance().clear()
     assert search.hydra.sweeper.mode == "max" and search.hydra.callbacks.sweep_summary.mode == "max"
     assert search.callbacks.optuna_pruning.monitor == "val/acc_best"
+    # /part
+    # part: predict
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+        # predict (like export) has no `mode`: the shared hydra config falls back to max.
+        predict = compose("predict", return_hydra_config=True)
+    GlobalHydra.instance().clear()
     assert "mode" not in predict and predict.hydra.callbacks.sweep_summary.mode == "max"
+    # /part
 
 
 def test_a_bad_mode_is_refused_in_one_line_naming_the_valid_ones(compose_cfg, tmp_path: Path):

@@ -1,20 +1,17 @@
 """Image classification: any `net` from config that gives class logits, cross-entropy loss, accuracy per stage."""
 
 import math
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from pathlib import Path  # [part: predict]
+from typing import Any  # [part: predict]
 
 import torch
 import torch.nn.functional as F
-from omegaconf import DictConfig
+from omegaconf import DictConfig  # [part: predict]
 from torch import Tensor
 from torchmetrics import Metric
 from torchmetrics.classification import MulticlassAccuracy
 
 from src.models.task_module import TaskModule
-
-if TYPE_CHECKING:  # predict's machinery, imported when predict asks for the writer
-    from src.inference.predictions import PredictionWriter
 
 
 class ClassifierModule(TaskModule):
@@ -79,7 +76,8 @@ class ClassifierModule(TaskModule):
         expected = math.log(classes)
         return expected, f"ln({classes}) = {expected:.3g}, what an untrained classifier should give"
 
-    def prediction_writer(self, cfg: DictConfig, out_dir: Path) -> "PredictionWriter":
+    # part: predict
+    def prediction_writer(self, cfg: DictConfig, out_dir: Path) -> Any:
         from src.inference.classification_predictions import ClassificationPredictions
 
         return ClassificationPredictions(self, cfg, out_dir)
@@ -90,3 +88,5 @@ class ClassifierModule(TaskModule):
             "shape": ["batch", self.hparams.num_classes],
             "softmax_for": "probabilities",
         }
+
+    # /part

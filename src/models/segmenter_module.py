@@ -4,7 +4,7 @@ written as mask images with coloured previews."""
 
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -14,9 +14,6 @@ from torchmetrics import Metric
 from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score, MulticlassJaccardIndex
 
 from src.models.task_module import TaskModule
-
-if TYPE_CHECKING:  # predict's machinery, imported when predict asks for the writer
-    from src.inference.predictions import PredictionWriter
 
 
 class SegmenterModule(TaskModule):
@@ -130,7 +127,8 @@ class SegmenterModule(TaskModule):
             why += f" plus {self.hparams.dice_weight:g} x a Dice loss of about 1"
         return expected, why + ", what an untrained segmenter should give"
 
-    def prediction_writer(self, cfg: DictConfig, out_dir: Path) -> "PredictionWriter":
+    # part: predict
+    def prediction_writer(self, cfg: DictConfig, out_dir: Path) -> Any:
         from src.inference.segmentation_predictions import SegmentationPredictions
 
         return SegmentationPredictions(self, cfg, out_dir)
@@ -145,3 +143,5 @@ class SegmenterModule(TaskModule):
             "softmax_for": "probabilities (over dim 1)",
             "argmax_for": "class indices (over dim 1)",
         }
+
+    # /part

@@ -11,25 +11,30 @@ epoch, their states in checkpoints, and the best value so far of the watched met
 """
 
 import logging
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from pathlib import Path  # [part: predict]
+from typing import Any
 
 import hydra
 import lightning as L
 import torch
 from omegaconf import DictConfig, OmegaConf
-from torch import Tensor
+from torch import Tensor, nn
 from torchmetrics import MaxMetric, MeanMetric, Metric, MinMetric
 
 from src.common.classes import names_or_indices
-from src.models.components.pretrained import is_norm
-
-if TYPE_CHECKING:  # predict's machinery (src/inference/), which a task module names but never needs to train
-    from src.inference.predictions import PredictionWriter
 
 log = logging.getLogger(__name__)
 
 STAGES = ("train", "val", "test")
+# The normalisation layers with running statistics, which a frozen backbone keeps in eval mode.
+NORMS = (
+    nn.BatchNorm1d,
+    nn.BatchNorm2d,
+    nn.BatchNorm3d,
+    nn.SyncBatchNorm,
+    nn.InstanceNorm1d,
+    nn.InstanceNorm2d,
+)
 
 
 def plain(config: Any) -> Any:
@@ -142,9 +147,10 @@ class TaskModule(L.LightningModule):
         """The names of the classes (or other outputs) per-class metrics are logged under; None: indices."""
         return self.hparams.get("class_names")
 
+    # part: predict
     # --- what a task says for predict and export (training needs neither) ---
 
-    def prediction_writer(self, cfg: DictConfig, out_dir: Path) -> "PredictionWriter":
+    def prediction_writer(self, cfg: DictConfig, out_dir: Path) -> Any:
         """What turns this task's `predict_step` outputs into files in `out_dir` and metrics (see
         PredictionWriter); `cfg` is the predict run's config, for the task's own keys (top_k)."""
         raise NotImplementedError(
@@ -159,6 +165,8 @@ class TaskModule(L.LightningModule):
             f"{type(self).__name__} does not say what its net's output means: implement output_description() "
             "in it (see TaskModule in src/models/task_module.py)"
         )
+
+    # /part
 
     # --- the shared machinery ---
 
@@ -315,7 +323,7 @@ class TaskModule(L.LightningModule):
         if mode and self.backbone_frozen:
             head = set(self.net.head_module().modules())
             for module in self.net.modules():
-                if is_norm(module) and module not in head:
+                if isinstance(module, NORMS) and module not in head:
                     module.eval()
         return self
 

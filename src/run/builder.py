@@ -12,6 +12,7 @@
 """
 
 import logging
+import math
 import signal
 import sys
 from collections.abc import Iterator
@@ -247,6 +248,9 @@ def recorded(run: Run, resume: Resume | None) -> Iterator[None]:
         if record is not None:
             record |= callback_entries(run)
             run_record.write_end(record, run.cfg.paths.output_dir, run.metrics, error)
+            if error is None:  # predictions on image files without labels have none
+                finite = {k: v for k, v in sorted(run.metrics.items()) if not math.isnan(v)}
+                log.info("Final metrics: " + (", ".join(f"{k}={v:.4f}" for k, v in finite.items()) or "none"))
 
 
 def callback_entries(run: Run) -> dict[str, Any]:

@@ -48,7 +48,6 @@ def check_run(cfg: DictConfig) -> None:
         if cfg.get(key) is not None:
             check_types(cfg[key], key, target)
     check_values(cfg)
-    check_logger_extras(cfg)
     check_frozen_backbone(cfg)
     check_callbacks(cfg)
 
@@ -74,21 +73,6 @@ def check_frozen_backbone(cfg: DictConfig) -> None:
             f"model.freeze_backbone_epochs={frozen} under trainer.strategy={name}: DDP must allow parameters "
             f"without gradients while the backbone is frozen; add {fix}"
         )
-
-
-def check_logger_extras(cfg: DictConfig) -> None:
-    """MLflow is an optional extra: without it, logger=mlflow says what to install, before anything is built
-    (Lightning's own error would come later and suggest `pip install mlflow`, not the extra)."""
-    targets = [
-        str(conf.get("_target_", ""))
-        for conf in (cfg.get("logger") or {}).values()
-        if isinstance(conf, DictConfig)
-    ]
-    if (
-        any(target.endswith("MLFlowLogger") for target in targets)
-        and importlib.util.find_spec("mlflow") is None
-    ):
-        raise ModuleNotFoundError('logger=mlflow needs MLflow: pip install -e ".[mlflow]"')
 
 
 def check_callbacks(cfg: DictConfig) -> None:

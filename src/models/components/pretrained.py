@@ -55,8 +55,3 @@ def check_input_size(model: nn.Module, input_shape: list[int], what: str, weight
         ) from err
     finally:
         model.train(was_training)
-
-
-def is_norm(module: nn.Module) -> bool:
-    """A normalisation layer with running statistics (BatchNorm, InstanceNorm with track_running_stats)."""
-    return isinstance(module, nn.modules.batchnorm._NormBase)
