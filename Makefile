@@ -63,7 +63,8 @@ test: install-test  ## run the whole test suite (what CI runs)
 test-fast: install-test  ## run the tests not marked slow
 	$(PY) -m pytest -n 2 --dist worksteal -m "not slow"
 
-bench: install  ## measure the template against hand-written PyTorch loops (scripts/benchmark.py; a few minutes)
+bench: install  ## the code the project owns (scripts/count_lines.py), then its speed against hand-written loops (a few minutes)
+	$(PY) scripts/count_lines.py
 	$(PY) scripts/benchmark.py
 
 lint: install-test  ## check style with ruff

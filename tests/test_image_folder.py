@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import timm
+import timm  # [part: pretrained]
 import torch
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
@@ -610,6 +610,7 @@ def test_the_image_folder_example_trains_to_90_percent_and_its_checkpoint_knows_
 
 
 def test_preprocessing_follows_the_weights_unless_the_data_config_sets_it(compose_cfg):
+    # part: pretrained
     pretrained = [
         "data=image_folder",
         "model/net=timm",
@@ -636,6 +637,7 @@ def test_preprocessing_follows_the_weights_unless_the_data_config_sets_it(compos
     follow_the_weights(cfg)
     assert cfg.data.mean == [0.5, 0.5, 0.5] and cfg.data.interpolation == "nearest"  # the data config wins
     assert cfg.data.std == list(weights.std) and cfg.data.input_shape == [3, 64, 64]
+    # /part
 
     cfg = compose_cfg("train", ["data=image_folder", "data.image_mode=L", "data.input_shape=null"])
     with pytest.raises(

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from src.data.digit_scenes_datamodule import CLASS_NAMES, DigitScenesDataModule, build_scenes
-from src.models.components.torchvision_segmentation import TorchvisionSegmentation
+from src.models.components.torchvision_segmentation import TorchvisionSegmentation  # [part: pretrained]
 from src.models.components.unet import UNet
 from src.models.segmenter_module import SegmenterModule
 from tests.conftest import ONE_BATCH, SMALL_SCENES, last_metrics, only_run_dir, run_cli
@@ -208,6 +208,7 @@ def test_a_mask_value_that_is_neither_a_class_nor_ignored_is_named_with_its_file
             lambda d: SegmenterModule(net={}, optimizer={}, num_classes=3, dice_weight=-1),
             "model.dice_weight=-1 must be 0 (cross-entropy only) or more",
         ),
+        # part: pretrained
         (
             lambda d: TorchvisionSegmentation("resnet18", [3, 32, 32], 3),
             "model.net.name=resnet18 is not a torchvision segmentation model; choose one of",
@@ -216,6 +217,7 @@ def test_a_mask_value_that_is_neither_a_class_nor_ignored_is_named_with_its_file
             lambda d: TorchvisionSegmentation("lraspp_mobilenet_v3_large", [4, 32, 32], 3),
             "model/net=lraspp_mobilenet_v3_large takes 1 or 3 input channels, not data.input_shape[0]=4",
         ),
+        # /part
     ],
 )
 def test_bad_settings_of_the_segmentation_parts_are_refused_naming_the_key(

@@ -15,7 +15,7 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
 from src.data.components.collate import COLLATES
-from src.data.components.labels import IMAGE_EXTENSIONS
+from src.data.components.image_dataset import IMAGE_EXTENSIONS
 from src.inference.predictions import PredictInput
 from src.run.trained_run import TrainedRun, group_config
 

@@ -11,6 +11,17 @@ from PIL import Image
 from torch.utils.data import Dataset
 from torchvision.transforms import v2
 
+IMAGE_EXTENSIONS = (
+    ".png",
+    ".jpg",
+    ".jpeg",
+    ".bmp",
+    ".gif",
+    ".tif",
+    ".tiff",
+    ".webp",
+)  # what an image file is
+
 # What PIL raises for a file that is not an image, is truncated, or is too large to be safe.
 UNREADABLE = (OSError, ValueError, SyntaxError, Image.DecompressionBombError)
 

@@ -1,0 +1,261 @@
+"""The parts a project may leave out (scripts/parts.yaml): each is declared in one place, its markers resolve
+into clean files, and a project generated with any choice of parts names no file, module, config option or
+package that it does not have. The core's size is counted, and may not grow."""
+
+import ast
+import importlib.util
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import ROOT
+
+PARTS_FILE = ROOT / "scripts" / "parts.yaml"
+# Only the template has the manifest: a generated project's parts were chosen when it was made.
+pytestmark = pytest.mark.skipif(not PARTS_FILE.exists(), reason="a generated project has no parts to choose")
+MANIFEST = yaml.safe_load(PARTS_FILE.read_text()) if PARTS_FILE.exists() else {}
+# What the core may not grow past, in code lines (scripts/count_lines.py): lower it when the core shrinks.
+# The goal is 1,500.
+CORE_CODE_LINES = 2600
+CORE_CONFIG_LINES = 450
+
+
+def load_script(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+new_project = load_script("new_project")
+
+
+def tracked_files() -> list[str]:
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return [name for name in listed.stdout.splitlines() if (ROOT / name).is_file()]
+
+
+# --- the manifest -------------------------------------------------------------------------------------------
+
+
+def test_each_part_names_files_that_exist_and_parts_that_exist():
+    claimed: dict[str, str] = {}
+    for name, part in MANIFEST.items():
+        assert set(part) <= {"help", "needs", "files", "with", "imports"}, name
+        assert part["help"] and set(part.get("needs", [])) <= set(MANIFEST), name
+        assert set(part.get("with") or {}) <= set(MANIFEST) - {name}, name
+        for path in [
+            *part.get("files", []),
+            *(f for files in (part.get("with") or {}).values() for f in files),
+        ]:
+            assert (ROOT / path).exists(), f"{name}: {path} does not exist"
+            assert path not in claimed, f"{path} is claimed by {claimed[path]} and {name}"
+            claimed[path] = name
+
+
+def test_copier_asks_for_every_part_with_its_help_and_keeps_all_by_default():
+    question = yaml.safe_load((ROOT / "copier.yml").read_text())["parts"]
+    assert question["choices"] == {part["help"]: name for name, part in MANIFEST.items()}
+    assert question["default"] == list(MANIFEST)
+
+
+def test_every_marker_names_a_part_and_every_block_closes():
+    for name in tracked_files():
+        path = ROOT / name
+        if (
+            not (path.suffix in new_project.MARKED or path.name in new_project.MARKED)
+            or name == "scripts/new_project.py"
+        ):
+            continue
+        text = path.read_text()
+        for match in [
+            *new_project.LINE_TAG.finditer(text),
+            *re.finditer(r"^\s*(?:#|<!--)\s*part: ([\w, -]+?)\s*(?:-->)?\s*$", text, flags=re.M),
+        ]:
+            names = {part.strip() for part in match[1].split(",")}
+            assert names <= set(MANIFEST), f"{name}: a marker names {sorted(names - set(MANIFEST))}"
+        new_project.keep_lines(text, set(MANIFEST), name)  # raises on a block that never closes
+
+
+# --- the markers --------------------------------------------------------------------------------------------
+
+
+def test_a_tagged_line_and_a_block_stay_only_with_their_parts_and_no_marker_stays():
+    text = (
+        "import a\n"
+        "import b  # [part: x]\n"
+        "value = 1  # one  [part: x, y]\n"
+        "\n"
+        "# part: y\n"
+        "def f():\n"
+        "    pass\n"
+        "\n"
+        "# /part\n"
+        "\n"
+        "def g():\n"
+        "    pass\n"
+    )
+    assert new_project.keep_lines(text, {"x", "y"}, "t.py") == (
+        "import a\nimport b\nvalue = 1  # one\n\ndef f():\n    pass\n\n\ndef g():\n    pass\n"
+    )
+    assert new_project.keep_lines(text, {"x"}, "t.py") == "import a\nimport b\n\ndef g():\n    pass\n"
+    assert new_project.keep_lines(text, set(), "t.py") == "import a\n\ndef g():\n    pass\n"
+
+
+def test_markdown_blocks_nest_and_unbalanced_ones_are_refused():
+    page = "Intro.\n<!-- part: x -->\nX.\n<!-- part: y -->\nX and Y.\n<!-- /part -->\n<!-- /part -->\nEnd.\n"
+    assert new_project.keep_lines(page, {"x"}, "p.md") == "Intro.\nX.\nEnd.\n"
+    assert new_project.keep_lines(page, {"y"}, "p.md") == "Intro.\nEnd.\n"
+    with pytest.raises(SystemExit, match=r"p.md: a part's block is never closed"):
+        new_project.keep_lines("<!-- part: x -->\nX.\n", {"x"}, "p.md")
+    with pytest.raises(SystemExit, match=r"p.md:2: a part's end marker without its start"):
+        new_project.keep_lines("X.\n<!-- /part -->\n", {"x"}, "p.md")
+
+
+def test_a_part_that_does_not_exist_is_refused_before_anything_changes():
+    before = (ROOT / "pyproject.toml").read_text()
+    result = subprocess.run(
+        [sys.executable, ROOT / "scripts" / "new_project.py", "--name", "x", "--parts=segmentation,gan"],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 2 and "--parts: gan is not a part; choose from segmentation" in result.stderr
+    assert (ROOT / "pyproject.toml").read_text() == before
+
+
+# --- projects generated with any parts ----------------------------------------------------------------------
+
+CHOICES = ["", *MANIFEST, "all"]  # the core alone, each part alone on it, every part
+
+
+@pytest.fixture(scope="module")
+def template_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """This checkout's files (committed or not), as a fresh clone would hold them."""
+    copy = tmp_path_factory.mktemp("template") / "repo"
+    for name in tracked_files():
+        (copy / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / name, copy / name)
+    return copy
+
+
+def generate(template: Path, destination: Path, parts: str) -> Path:
+    shutil.copytree(template, destination)
+    command = [sys.executable, "scripts/new_project.py", "--name", "Cell counting", f"--parts={parts}"]
+    result = subprocess.run(command, cwd=destination, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    return destination
+
+
+def module_of(project: Path, path: Path) -> str:
+    return ".".join(path.relative_to(project).with_suffix("").parts).removesuffix(".__init__")
+
+
+def missing_references(project: Path, kept: set[str]) -> list[str]:
+    """What a generated project's files name that it does not have: project modules its Python imports,
+    `_target_`s and defaults-list options of its configs, third-party packages only a left-out part needs,
+    and markers left behind."""
+    python = sorted(p for p in project.rglob("*.py") if ".venv" not in p.parts)
+    modules = {module_of(project, path) for path in python}
+    left_out = {
+        module for name, part in MANIFEST.items() if name not in kept for module in part.get("imports", [])
+    }
+    problems = []
+    for path in python:
+        where = path.relative_to(project)
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []  # each name imported, with the module that would hold it
+            if isinstance(node, ast.Import):
+                names = [(alias.name, alias.name) for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names = [(f"{node.module}.{alias.name}", node.module) for alias in node.names]
+            for name, module in names:
+                top = name.split(".")[0]
+                found = {name, module, name.rpartition(".")[0]} & modules
+                if top in ("src", "hydra_plugins", "tests") and not found:
+                    problems.append(f"{where}:{node.lineno}: imports {name}, which the project does not have")
+                if top in left_out:
+                    problems.append(f"{where}:{node.lineno}: imports {top}, which only a left-out part needs")
+    configs = project / "configs"
+    for path in sorted(configs.rglob("*.yaml")):
+        where = path.relative_to(project)
+        if path.is_relative_to(configs / "hydra"):
+            continue  # its defaults choose options of Hydra's groups, which Hydra and its plugins hold
+        text = path.read_text()
+        for target in re.findall(r"_target_: ((?:src|hydra_plugins)\.[\w.]+)", text):
+            if target.rpartition(".")[0] not in modules:
+                problems.append(f"{where}: _target_ {target}: no such module")
+        config = yaml.safe_load(text) or {}
+        for entry in config.get("defaults", []) if isinstance(config, dict) else []:
+            if not isinstance(entry, dict):
+                continue
+            for key, option in entry.items():
+                words = key.split()  # `override /data`, `optional local`, `net`
+                group = words[-1]
+                if "optional" in words or option is None or group.lstrip("/").startswith("hydra"):
+                    continue  # Hydra's own groups hold options of its plugins too
+                base = configs if group.startswith("/") else path.parent
+                for choice in option if isinstance(option, list) else [option]:
+                    if not (base / group.lstrip("/") / f"{choice}.yaml").exists():
+                        problems.append(
+                            f"{where}: defaults name {group.lstrip('/')}={choice}, which the project does not have"
+                        )
+    for path in sorted(project.rglob("*")):
+        if (
+            path.is_file()
+            and ".venv" not in path.parts
+            and (path.suffix in new_project.MARKED or path.name in new_project.MARKED)
+        ):
+            text = path.read_text(errors="replace")
+            if re.search(r"\[part: [\w, -]+\]\s*$|^\s*(?:#|<!--)\s*(?:part:|/part\b)", text, flags=re.M):
+                problems.append(f"{path.relative_to(project)}: a part marker was left")
+    return problems
+
+
+@pytest.mark.parametrize("parts", CHOICES, ids=[choice or "core" for choice in CHOICES])
+def test_a_generated_project_names_only_what_it_has(template_copy: Path, tmp_path: Path, parts: str):
+    project = generate(template_copy, tmp_path / "project", parts)
+    kept = (
+        set(MANIFEST)
+        if parts == "all"
+        else new_project.with_needs(MANIFEST, {p for p in parts.split(",") if p})
+    )
+    for path in new_project.files_left_out(MANIFEST, kept):
+        assert not (project / path).exists(), path
+    assert not (project / "scripts" / "parts.yaml").exists()
+    assert missing_references(project, kept) == []
+
+
+def test_the_reference_check_finds_what_a_project_lacks(template_copy: Path, tmp_path: Path):
+    project = generate(template_copy, tmp_path / "project", "")
+    (project / "src" / "extra.py").write_text("import optuna\nfrom src.inference.tasks import predict\n")
+    (project / "configs" / "extra.yaml").write_text(
+        "defaults:\n  - callbacks: ema\n# part: optuna\nx:\n  _target_: src.reports.report\n"
+    )
+    assert missing_references(project, set()) == [
+        "src/extra.py:1: imports optuna, which only a left-out part needs",
+        "src/extra.py:2: imports src.inference.tasks.predict, which the project does not have",
+        "configs/extra.yaml: _target_ src.reports.report: no such module",
+        "configs/extra.yaml: defaults name callbacks=ema, which the project does not have",
+        "configs/extra.yaml: a part marker was left",
+    ]
+
+
+# --- the core's size ----------------------------------------------------------------------------------------
+
+
+def test_the_core_does_not_grow():
+    """`make bench` prints these figures; the goal is 1,500 code lines and 450 config lines."""
+    figures = load_script("count_lines").core(ROOT)
+    assert figures["code"] <= CORE_CODE_LINES, f"the core grew to {figures['code']} code lines"
+    assert figures["config"] <= CORE_CONFIG_LINES, f"the core grew to {figures['config']} config lines"
