@@ -63,6 +63,12 @@ test: install-test  ## run the whole test suite (what CI runs)
 test-fast: install-test  ## run the tests not marked slow
 	$(PY) -m pytest -n 2 --dist worksteal -m "not slow"
 
+# part: template
+.PHONY: test-parts
+test-parts: install-test  ## the template's generation matrix: a project with each choice of parts passes its own fast tests
+	$(PY) -m pytest -n 2 --matrix -m matrix tests/test_parts.py
+
+# /part
 bench: install  ## the code the project owns (scripts/count_lines.py), then its speed against hand-written loops (a few minutes)
 	$(PY) scripts/count_lines.py
 	$(PY) scripts/benchmark.py

@@ -31,6 +31,8 @@ PYTHONS = ["3.11", "3.12", "3.13"]  # oldest first: the CI matrix tests from the
 MAINTAINER_DOCS = "docs/maintainers"
 # What a project may leave out: scripts/parts.yaml, read by choose_parts().
 PARTS_FILE = "scripts/parts.yaml"
+# The template's own upkeep, which no project keeps: these files, and the lines marked with the part `template`.
+TEMPLATE_ONLY = [PARTS_FILE, "tests/test_parts.py"]
 # A line kept only with some parts ends in `[part: a, b]`; a block is kept only with them between a start line
 # `# part: a, b` (`<!-- part: a, b -->` in Markdown) and an end line `# /part` (`<!-- /part -->`).
 LINE_TAG = re.compile(r"\s*\[part: ([\w, -]+)\]\s*$")
@@ -262,7 +264,8 @@ def choose_parts(manifest: dict[str, dict], kept: set[str]) -> None:
             new = keep_lines(text, kept, str(relative))
             if new != text:
                 path.write_text(new)
-    (ROOT / PARTS_FILE).unlink(missing_ok=True)
+    for path in TEMPLATE_ONLY:
+        (ROOT / path).unlink(missing_ok=True)
 
 
 if __name__ == "__main__":

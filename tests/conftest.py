@@ -37,16 +37,29 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="store_true",
         help="run every command as a fresh Python process instead of forking it from tests/cli_server.py",
     )
+    # part: template
+    parser.addoption(
+        "--matrix",
+        action="store_true",
+        help="also run the tests marked matrix: projects generated with each choice of parts (make test-parts)",
+    )
+    # /part
 
 
 def pytest_configure(config: pytest.Config) -> None:
     cli_server.CLIENT.enabled = not config.getoption("--fresh-processes")
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The slow tests first, each file's in their order: with `pytest -n 2` the longest ones start early and
     the quick ones fill in at the end, instead of one long test running alone after all the others."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    # part: template
+    if not config.getoption("--matrix"):  # the generation matrix runs only when asked for
+        matrix = [item for item in items if item.get_closest_marker("matrix")]
+        config.hook.pytest_deselected(items=matrix)
+        items[:] = [item for item in items if not item.get_closest_marker("matrix")]
+    # /part
 
 
 def built_once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], None]) -> Path:

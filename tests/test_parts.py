@@ -84,7 +84,8 @@ def test_every_marker_names_a_part_and_every_block_closes():
             *re.finditer(r"^\s*(?:#|<!--)\s*part: ([\w, -]+?)\s*(?:-->)?\s*$", text, flags=re.M),
         ]:
             names = {part.strip() for part in match[1].split(",")}
-            assert names <= set(MANIFEST), f"{name}: a marker names {sorted(names - set(MANIFEST))}"
+            unknown = names - set(MANIFEST) - {"template"}
+            assert not unknown, f"{name}: a marker names {sorted(unknown)}"
         new_project.keep_lines(text, set(MANIFEST), name)  # raises on a block that never closes
 
 
@@ -232,7 +233,10 @@ def test_a_generated_project_names_only_what_it_has(template_copy: Path, tmp_pat
     )
     for path in new_project.files_left_out(MANIFEST, kept):
         assert not (project / path).exists(), path
-    assert not (project / "scripts" / "parts.yaml").exists()
+    assert (
+        not (project / "scripts" / "parts.yaml").exists()
+        and not (project / "tests" / "test_parts.py").exists()
+    )
     assert missing_references(project, kept) == []
 
 
@@ -249,6 +253,47 @@ def test_the_reference_check_finds_what_a_project_lacks(template_copy: Path, tmp
         "configs/extra.yaml: defaults name callbacks=ema, which the project does not have",
         "configs/extra.yaml: a part marker was left",
     ]
+
+
+# --- the generation matrix (make test-parts: the template's CI runs it after make test) ---------------------
+
+
+@pytest.mark.matrix
+@pytest.mark.parametrize("parts", CHOICES, ids=[choice or "core" for choice in CHOICES])
+def test_a_generated_project_installs_and_passes_its_own_fast_tests(tmp_path: Path, parts: str):
+    """What a user gets with any choice of parts, through copier: a name with a space and Python 3.12; its
+    own pyproject.toml and lock resolve in a fresh venv; its own `make test-fast` (the tests not marked slow)
+    pass; its smoke run completes."""
+    from tests.test_project import copier, project_venv
+
+    template = tmp_path / "template"  # a clone, with this checkout's uncommitted work committed on top
+    subprocess.run(["git", "clone", "--quiet", ROOT, template], check=True)
+    for name in tracked_files():
+        (template / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / name, template / name)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "add", "-A"], cwd=template, check=True)
+    subprocess.run(
+        [*git, "commit", "--quiet", "--allow-empty", "-m", "work in progress"], cwd=template, check=True
+    )
+    chosen = list(MANIFEST) if parts == "all" else [p for p in parts.split(",") if p]
+    project = tmp_path / "cell-counting"
+    copier(template, project, "project_name=Cell counting", "python_version=3.12", f"parts={chosen}")
+    subprocess.run(["git", "init", "--quiet"], cwd=project, check=True)
+    python = project_venv(project, tmp_path / "venv")
+    tests = subprocess.run(
+        [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", "-m", "not slow"],
+        cwd=project, capture_output=True, text=True, timeout=1200,
+    )  # fmt: skip
+    assert tests.returncode == 0, tests.stdout[-6000:]
+    fdr = subprocess.run(
+        [python.parent / "cell-counting-train", "debug=fdr"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert fdr.returncode == 0, fdr.stderr[-3000:]
 
 
 # --- the core's size ----------------------------------------------------------------------------------------

@@ -287,14 +287,15 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @TEMPLATE_ONLY
 @pytest.mark.slow
-def test_a_project_generated_with_the_defaults_keeps_every_example(template: Path, tmp_path: Path):
+def test_a_project_generated_with_the_defaults_keeps_every_part(template: Path, tmp_path: Path):
     project = tmp_path / "my-project"
     copier(template, project)
     assert 'name = "my-project"' in (project / "pyproject.toml").read_text()
     assert (project / "README.md").read_text().startswith("# my-project\n")
     assert (project / "src" / "data" / "image_folder_datamodule.py").exists()
     answers = yaml.safe_load((project / ".copier-answers.yml").read_text())
-    assert answers["keep_examples"] is True and answers["loggers"] == ["csv"]  # what copier update reuses
+    parts = list(yaml.safe_load((template / "scripts" / "parts.yaml").read_text()))
+    assert answers["parts"] == parts and answers["loggers"] == ["csv"]  # what copier update reuses
     assert not (project / "copier.yml").exists() and not (project / ".venv").exists()
     # The user-facing docs come along (tutorial, how-tos, reference), the maintainers' notes do not.
     pages = sorted(page.name for page in (template / "docs").glob("*.md"))
@@ -303,9 +304,12 @@ def test_a_project_generated_with_the_defaults_keeps_every_example(template: Pat
     # That it installs and runs is the next test's (in a venv of its own, with its own commands).
 
 
-# What the examples are called: none of it may be left in a project generated without them.
-EXAMPLE_NAMES = re.compile(
+# What the parts are called: none of it may be left in a project generated without them (the core alone).
+PART_NAMES = re.compile(
     r"image_folder|mnist_images|finetune_images|example_images|ImageFolderDataModule|MNISTDataModule|\bmnist\b"
+    r"|segment|digit_scenes|\bunet\b|lraspp|timm|torchvision_net|warmup_cosine|lr_finder|\bema\b|EMA"
+    r"|src/predict\.py|src/export\.py|format=onnx|src/report\.py|optuna|hparams_search|postgres|slurm|submitit"
+    r"|mlflow|MLflow|prediction_pictures|histograms"
 )
 
 
@@ -339,7 +343,7 @@ def project_venv(project: Path, venv: Path) -> Path:
     resolved = {item["metadata"]["name"].lower(): item["metadata"]["version"] for item in report["install"]}
     lock = dict(line.split("==") for line in (project / "requirements.lock").read_text().split())
     assert resolved["cell-counting"] == "0.1.0" and "lightning-hydra-starter" not in resolved
-    for package in ("torch", "lightning", "mlflow-skinny", "onnxruntime", "deepspeed", "pytest", "copier"):
+    for package in ("torch", "lightning", "deepspeed", "pytest", "copier"):
         assert resolved[package] == lock[package], package
 
     site = subprocess.run(
@@ -373,7 +377,7 @@ def test_a_project_generated_with_other_answers_installs_and_passes_its_own_test
         "author=Ada Lovelace",
         "python_version=3.11",
         "wandb_entity=lab",
-        "keep_examples=false",
+        "parts=[]",
         'loggers=["wandb"]',
     )
     subprocess.run(["git", "init", "--quiet"], cwd=project, check=True)
@@ -404,20 +408,25 @@ def test_a_project_generated_with_other_answers_installs_and_passes_its_own_test
     ):
         assert template_matter not in readme, template_matter
     assert not (project / "scripts" / "project_readme.md").exists()
-    # Without the examples nothing names them: no file, no README or docs line, no config comment.
-    for example in ("src/data/image_folder_datamodule.py", "configs/data/mnist.yaml", "tests/test_mnist.py"):
+    # Without the parts nothing names them: no file, no README or docs line, no config comment.
+    for example in ("src/data/image_folder_datamodule.py", "configs/data/mnist.yaml", "src/predict.py"):
         assert not (project / example).exists()
     pages = [project / "README.md", *sorted(project.glob("docs/**/*.md"))]
     named = [
         f"{path.relative_to(project)}:{number}: {line.strip()}"
         for path in [*pages, *sorted(project.glob("configs/**/*.yaml")), *project.glob("src/**/*.py")]
         for number, line in enumerate(path.read_text().splitlines(), 1)
-        if EXAMPLE_NAMES.search(line) or "<!-- example -->" in line or "docs/maintainers" in line
+        if PART_NAMES.search(line) or "<!--" in line or "docs/maintainers" in line
     ]
     assert not named, "\n".join(named)
     assert not (project / "docs" / "maintainers").exists()
 
     python = project_venv(project, tmp_path / "venv")
+    # The core alone installs none of what only a part needs.
+    report = json.loads((tmp_path / "venv" / "report.json").read_text())
+    resolved = {item["metadata"]["name"].lower() for item in report["install"]}
+    for package in ("optuna", "timm", "mlflow-skinny", "onnxruntime", "psycopg", "hydra-submitit-launcher"):
+        assert package not in resolved, package
     # Its own fast tests of what generation changes (configs, code style, tooling and commands), in its own
     # venv; all of them (`make test-fast`) take minutes, too long inside this suite. Then its CLI, below.
     own = [
@@ -452,7 +461,7 @@ def test_copier_update_brings_template_changes_and_keeps_the_projects_readme(tem
     newer = tmp_path / "template"  # the template, later: a clone with one more commit
     subprocess.run(["git", "clone", "--quiet", template, newer], check=True)
     project = tmp_path / "cells"
-    copier(newer, project, "project_name=Cell counting", "keep_examples=false")
+    copier(newer, project, "project_name=Cell counting", "parts=[segmentation]")
     subprocess.run(["git", "init", "--quiet"], cwd=project, check=True)
     subprocess.run([*git, "add", "-A"], cwd=project, check=True)
     subprocess.run([*git, "commit", "--quiet", "-m", "start"], cwd=project, check=True)
