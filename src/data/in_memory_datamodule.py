@@ -33,36 +33,15 @@ class InMemoryDataModule(ClassificationDataModule):
         num_classes: int,
         input_shape: Sequence[int],
         split: Sequence[int | float],
-        split_seed: int = 42,
-        num_folds: int | None = None,
-        fold: int = 0,
         mean: float = 0.0,
         std: float = 1.0,
         random_shift: int = 0,
-        augment: bool = True,
         loading: str = "batches",
-        batch_size: int = 64,
-        num_workers: int = 0,
-        pin_memory: bool = False,
-        persistent_workers: bool = False,
-        prefetch_factor: int | None = None,
-        drop_last: bool = False,
+        **settings: Any,
     ) -> None:
-        super().__init__(
-            num_classes=num_classes,
-            input_shape=input_shape,
-            split=split,
-            split_seed=split_seed,
-            num_folds=num_folds,
-            fold=fold,
-            augment=augment,
-            batch_size=batch_size,
-            num_workers=num_workers,
-            pin_memory=pin_memory,
-            persistent_workers=persistent_workers,
-            prefetch_factor=prefetch_factor,
-            drop_last=drop_last,
-        )
+        """`settings`: the DataModule's (split_seed, folds, augment, batch_size, num_workers, ...; see there)."""
+        super().__init__(num_classes=num_classes, input_shape=input_shape, split=split, **settings)
+        num_workers, pin_memory = self.hparams.num_workers, self.hparams.pin_memory
         if loading not in self.LOADINGS:
             raise ValueError(f"data.loading={loading} is not one of {', '.join(self.LOADINGS)}")
         if loading == "device" and (num_workers > 0 or pin_memory):

@@ -2,7 +2,7 @@
 
 import math
 from pathlib import Path  # [part: predict]
-from typing import Any  # [part: predict]
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -25,39 +25,11 @@ class ClassifierModule(TaskModule):
 
     task = "classification"
 
-    def __init__(
-        self,
-        net: dict,
-        optimizer: dict,
-        num_classes: int,
-        scheduler: dict | None = None,
-        scheduler_config: dict | None = None,
-        compile: bool = False,
-        channels_last: bool = False,
-        class_names: list[str] | None = None,
-        preprocessing: dict | None = None,
-        monitor: str = "val/acc",
-        mode: str = "max",
-        freeze_backbone_epochs: int = 0,
-        backbone_lr_scale: float = 1.0,
-        decay_norm_and_bias: bool = False,
-    ) -> None:
-        super().__init__(
-            net=net,
-            optimizer=optimizer,
-            scheduler=scheduler,
-            scheduler_config=scheduler_config,
-            compile=compile,
-            channels_last=channels_last,
-            preprocessing=preprocessing,
-            monitor=monitor,
-            mode=mode,
-            freeze_backbone_epochs=freeze_backbone_epochs,
-            backbone_lr_scale=backbone_lr_scale,
-            decay_norm_and_bias=decay_norm_and_bias,
-            num_classes=num_classes,
-            class_names=class_names,
-        )
+    def __init__(self, num_classes: int, class_names: list[str] | None = None, **kwargs: Any) -> None:
+        # kwargs: TaskModule's arguments (net, optimizer, scheduler, ...), whose types preflight checks too.
+        kwargs.setdefault("monitor", "val/acc")
+        kwargs.setdefault("mode", "max")
+        super().__init__(num_classes=num_classes, class_names=class_names, **kwargs)
 
     def stage_metrics(self, stage: str) -> dict[str, Metric]:
         return {"acc": MulticlassAccuracy(self.hparams.num_classes, average="micro", validate_args=False)}

@@ -36,24 +36,14 @@ class SegmenterModule(TaskModule):
 
     def __init__(
         self,
-        net: dict,
-        optimizer: dict,
         num_classes: int,
         ignore_index: int = 255,
         dice_weight: float = 0.0,
         class_weights: list[float] | None = None,
-        scheduler: dict | None = None,
-        scheduler_config: dict | None = None,
-        compile: bool = False,
-        channels_last: bool = False,
         class_names: list[str] | None = None,
-        preprocessing: dict | None = None,
-        monitor: str = "val/miou",
-        mode: str = "max",
-        freeze_backbone_epochs: int = 0,
-        backbone_lr_scale: float = 1.0,
-        decay_norm_and_bias: bool = False,
+        **kwargs: Any,
     ) -> None:
+        # kwargs: TaskModule's arguments (net, optimizer, scheduler, ...), whose types preflight checks too.
         if dice_weight < 0:
             raise ValueError(f"model.dice_weight={dice_weight} must be 0 (cross-entropy only) or more")
         if class_weights is not None and (len(class_weights) != num_classes or min(class_weights) < 0):
@@ -61,24 +51,15 @@ class SegmenterModule(TaskModule):
                 f"model.class_weights={list(class_weights)} must give one weight >= 0 per class "
                 f"({num_classes}), or be null"
             )
+        kwargs.setdefault("monitor", "val/miou")
+        kwargs.setdefault("mode", "max")
         super().__init__(
-            net=net,
-            optimizer=optimizer,
-            scheduler=scheduler,
-            scheduler_config=scheduler_config,
-            compile=compile,
-            channels_last=channels_last,
-            preprocessing=preprocessing,
-            monitor=monitor,
-            mode=mode,
-            freeze_backbone_epochs=freeze_backbone_epochs,
-            backbone_lr_scale=backbone_lr_scale,
-            decay_norm_and_bias=decay_norm_and_bias,
             num_classes=num_classes,
             ignore_index=ignore_index,
             dice_weight=dice_weight,
             class_weights=class_weights,
             class_names=class_names,
+            **kwargs,
         )
         weights = torch.tensor(class_weights, dtype=torch.float32) if class_weights is not None else None
         self.register_buffer("class_weights", weights, persistent=False)
