@@ -5,6 +5,7 @@ import logging
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
+from lightning.fabric.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig
 
 from src.run.builder import build
@@ -29,6 +30,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
         if cfg.get("train"):
             log.info("Starting training")
             run.trainer.fit(run.model, datamodule=run.datamodule, ckpt_path=ckpt_path, weights_only=True)
+            _say_if_stopped_early(run.trainer)
         run.metrics = as_floats(run.trainer.callback_metrics)
         if cfg.get("test"):
             test_ckpt = _best_checkpoint(run.trainer) if cfg.get("train") else ckpt_path
@@ -80,6 +82,16 @@ def _best_checkpoint(trainer) -> str | None:
         )
         return None
     return best
+
+
+@rank_zero_only
+def _say_if_stopped_early(trainer) -> None:
+    """One line when early stopping ended training: Lightning's EarlyStopping says why only with verbose=true,
+    which also logs every validation check."""
+    stopper = trainer.early_stopping_callback
+    if stopper is not None and stopper.stopping_reason_message:
+        reason = stopper.stopping_reason_message.removesuffix(" Signaling Trainer to stop.")
+        log.info(f"Early stopping ended training after epoch {stopper.stopped_epoch}: {reason}")
 
 
 def as_floats(metrics: dict) -> dict[str, float]:

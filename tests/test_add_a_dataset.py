@@ -1,6 +1,7 @@
 """The README's "How to add a dataset", done as a user would: a ClassificationDataModule subclass that
 implements only `load_datasets()`, a data config that declares `num_classes` and `input_shape`, then train,
-test, eval, predict and export through the real command line.
+test, eval, predict and export through the real command line; for images (stripes) and for samples that are
+not images (feature vectors).
 
 The user's project lives in tmp_path (the module on PYTHONPATH, its config on Hydra's search path), so the
 test leaves no file in the repository.
@@ -51,14 +52,43 @@ num_classes: 2
 input_shape: [1, 8, 8]
 """
 
+# Three clusters in 16 features: samples that are feature vectors, not images (a table's rows, say).
+FEATURES_MODULE = '''"""Three clusters of 16 features: a dataset whose samples are not images."""
+
+import torch
+from torch.utils.data import Dataset, TensorDataset
+
+from src.data.classification_datamodule import ClassificationDataModule
+from src.data.datamodule import seeded_split
+
+
+class FeaturesDataModule(ClassificationDataModule):
+    def load_datasets(self) -> tuple[Dataset, Dataset, Dataset]:
+        generator = torch.Generator().manual_seed(0)
+        labels = torch.randint(0, 3, (300,), generator=generator)
+        centres = 2 * torch.randn(3, 16, generator=generator)
+        features = centres[labels] + torch.randn(300, 16, generator=generator)  # (N, 16)
+        self._check_labels(labels)
+        dataset = TensorDataset(features, labels)
+        return seeded_split(dataset, self.hparams.split, self.hparams.split_seed, "features")
+'''
+
+FEATURES_CONFIG = """\
+_target_: features.FeaturesDataModule
+num_classes: 3
+input_shape: [16]
+split: [200, 50, 50]
+"""
+
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A user's project: stripes.py and configs/data/stripes.yaml."""
+    """A user's project: stripes.py and features.py, and their configs in configs/data/."""
     root = tmp_path_factory.mktemp("project")
-    (root / "stripes.py").write_text(MODULE)
     (root / "configs" / "data").mkdir(parents=True)
-    (root / "configs" / "data" / "stripes.yaml").write_text(CONFIG)
+    for name, module, config in (("stripes", MODULE, CONFIG), ("features", FEATURES_MODULE, FEATURES_CONFIG)):
+        (root / f"{name}.py").write_text(module)
+        (root / "configs" / "data" / f"{name}.yaml").write_text(config)
     return root
 
 
@@ -126,6 +156,68 @@ def test_its_checkpoint_evaluates_to_the_training_runs_test_accuracy(
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert last_metrics(only_run_dir(tmp_path, "eval"))["test/acc"] == last_metrics(trained)["test/acc"]
+
+
+@pytest.mark.slow
+def test_a_dataset_of_feature_vectors_works_in_every_entry_point(
+    project: Path, tmp_path: Path, data_dir: Path
+):
+    """Samples need not be images: with `input_shape: [16]` and model/net=mlp every entry point works. Eval's
+    picture callback draws the confusion matrix, and no sample pictures, saying so once."""
+    trained = run_in(
+        project,
+        "train",
+        "data=features",
+        "model/net=mlp",
+        "trainer.max_epochs=2",
+        log_dir=tmp_path,
+        data_dir=data_dir,
+    )
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    run = only_run_dir(tmp_path)
+    test_acc = last_metrics(run)["test/acc"]
+    assert test_acc >= 0.9
+
+    best = run / "checkpoints" / "best.ckpt"
+    evaluated = run_in(
+        project,
+        "eval",
+        "data=features",
+        "model/net=mlp",
+        f"ckpt_path={best}",
+        log_dir=tmp_path,
+        data_dir=data_dir,
+    )
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    eval_dir = only_run_dir(tmp_path, "eval")
+    assert last_metrics(eval_dir)["test/acc"] == test_acc
+    # part: diagnostics
+    assert sorted(p.name for p in (eval_dir / "pictures").iterdir()) == ["test_confusion_matrix.png"]
+    said = "callbacks.prediction_pictures: the inputs have shape [16], not [channels, height, width] images"
+    assert (evaluated.stdout + evaluated.stderr).count(said) == 1
+    # /part
+
+    # part: predict
+    predicted = run_in(project, "predict", f"run_dir={run}", log_dir=tmp_path, data_dir=data_dir)
+    assert predicted.returncode == 0, predicted.stderr[-3000:]
+    record = json.loads((only_run_dir(tmp_path, "predict") / "run.json").read_text())
+    assert record["final_metrics"]["predict/acc"] == pytest.approx(test_acc, abs=1e-6)
+
+    artifact = tmp_path / "features.pt2"
+    exported = run_in(
+        project,
+        "export",
+        f"run_dir={run}",
+        "format=torch_export",
+        f"output={artifact}",
+        log_dir=tmp_path,
+        data_dir=data_dir,
+    )
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    sidecar = json.loads((tmp_path / "features.pt2.json").read_text())
+    assert sidecar["input"]["shape"] == ["batch", 16]
+    assert sidecar["parity"]["max_diff"] <= sidecar["parity"]["tolerance"]
+    # /part
 
 
 # part: predict

@@ -90,6 +90,20 @@ def test_a_label_file_with_class_names_is_split_by_fractions(image_folder, tmp_p
     assert again.data_test.samples == dm.data_test.samples  # the same split every time
 
 
+def test_the_split_is_stratified_by_class_and_the_same_on_every_run(image_folder, tmp_path: Path):
+    """A few images of a rare class: the val and test splits each still get their share of every class."""
+    labels = write_label_folder(tmp_path, ["cat"] * 24 + ["dog"] * 8 + ["emu"] * 4)
+    common = [f"data.label_file={labels}", "data.num_classes=3", "data.split=[0.5,0.25,0.25]"]
+    dm = image_folder(*common)
+    counts = {
+        split: [labels_of(dataset).count(label) for label in range(3)]
+        for split, dataset in (("train", dm.data_train), ("val", dm.data_val), ("test", dm.data_test))
+    }
+    assert counts == {"train": [12, 4, 2], "val": [6, 2, 1], "test": [6, 2, 1]}  # 24, 8, 4 in 2:1:1
+    again = image_folder(*common)
+    assert (again.data_val.samples, again.data_test.samples) == (dm.data_val.samples, dm.data_test.samples)
+
+
 def test_headerless_integer_labels_and_separate_val_and_test_files(image_folder, tmp_path: Path):
     train = write_label_folder(tmp_path, ["0", "1", "2"] * 4, header=None)
     val = write_label_folder(tmp_path, ["2", "1"], header=None, start=100)
@@ -253,7 +267,8 @@ def test_images_of_mixed_sizes_without_resize_or_pad_get_a_clear_error(image_fol
         ValueError, match=r"data.input_shape=\[3, 64, 64\] but the transformed training images"
     ):
         image_folder(f"data.label_file={labels_csv}", *overrides)
-    dm = image_folder(f"data.label_file={labels_csv}", *overrides, "data.input_shape=[3,24,20]", setup=False)
+    # The first training image's size (a "b" image, 32x32): the check passes, and a batch then mixes sizes.
+    dm = image_folder(f"data.label_file={labels_csv}", *overrides, "data.input_shape=[3,32,32]", setup=False)
     dm.setup("fit")
     with pytest.raises(
         ValueError, match=r"a batch holds images of different shapes .* or set data.collate=pad"

@@ -427,13 +427,15 @@ def test_a_project_generated_with_other_answers_installs_and_passes_its_own_test
     resolved = {item["metadata"]["name"].lower() for item in report["install"]}
     for package in ("optuna", "timm", "mlflow-skinny", "onnxruntime", "psycopg", "hydra-submitit-launcher"):
         assert package not in resolved, package
-    # Its own fast tests of what generation changes (configs, code style, tooling and commands), in its own
-    # venv; all of them (`make test-fast`) take minutes, too long inside this suite. Then its CLI, below.
+    # Its own fast tests of what generation changes (configs, code style, tooling, commands, README and docs),
+    # in its own venv; all of them (`make test-fast`) take minutes, too long inside this suite. Then its CLI.
     own = [
         "tests/test_configs.py",
         "tests/test_code_quality.py",
         "tests/test_project.py",
         "tests/test_docs.py",
+        "tests/test_diagnostics.py",
+        "tests/test_layout.py",
     ]
     # Its docs' commands compose in the template (tests/test_docs.py); here the paths, links and options they
     # name are checked against what generation left, which is where stripping the examples could break them.

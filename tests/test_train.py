@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import ROOT, cli_command, cli_env, last_metrics, only_run_dir, run_cli
+from tests.conftest import ONE_BATCH, ROOT, cli_command, cli_env, last_metrics, only_run_dir, run_cli
 
 DIGITS_MLP = ["data=digits", "model/net=mlp"]
 
@@ -51,6 +51,37 @@ def test_runs_from_any_working_directory_with_seed_zero(tmp_path: Path, data_dir
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Seed set to 0" in result.stdout + result.stderr
     assert not (tmp_path / "outputs").exists()  # Hydra's own default dir is not used
+
+
+def test_a_run_prints_no_warning_a_user_cannot_act_on(tmp_path: Path, data_dir: Path):
+    """Lightning's tip to install litlogger and torch's LeafSpec deprecation, which Lightning itself triggers,
+    are left out (src/run/extras.py)."""
+    result = run_cli(
+        "train", *DIGITS_MLP, "trainer.max_epochs=1", *ONE_BATCH[1:], log_dir=tmp_path, data_dir=data_dir
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    output = result.stdout + result.stderr
+    assert "litlogger" not in output and "LeafSpec" not in output, output[-3000:]
+
+
+def test_early_stopping_says_in_one_line_when_and_why_it_ended_training(tmp_path: Path, data_dir: Path):
+    # min_delta=1: no accuracy improves on the first one by that much, so patience=1 stops after epoch 1.
+    stopping = ["callbacks.early_stopping.patience=1", "callbacks.early_stopping.min_delta=1.0"]
+    result = run_cli(
+        "train",
+        *DIGITS_MLP,
+        "trainer.max_epochs=5",
+        *ONE_BATCH[1:],
+        *stopping,
+        log_dir=tmp_path,
+        data_dir=data_dir,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    said = re.findall(r"Early stopping ended training after epoch (\d+): (.*)", result.stdout + result.stderr)
+    assert len(said) == 1, result.stdout[-3000:]
+    assert said[0][0] == "1" and said[0][1].startswith(
+        "Monitored metric val/acc did not improve in the last 1"
+    )
 
 
 @pytest.mark.slow

@@ -10,6 +10,7 @@ MLflow (`log_image`). The test pictures are also saved as PNG files in `save_dir
 logger has them too. With no image logger, validation collects nothing and costs nothing.
 """
 
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +24,8 @@ from src.common.classes import names_or_indices
 
 if TYPE_CHECKING:  # matplotlib is imported when a picture is drawn
     from matplotlib.figure import Figure
+
+log = logging.getLogger(__name__)
 
 IMAGE_LOGGERS = (WandbLogger, TensorBoardLogger, MLFlowLogger)
 
@@ -55,6 +58,7 @@ class Pictures(L.Callback):
         self._confusion: MulticlassConfusionMatrix | None = None
         self._samples: list[Sample] = []
         self._active = False
+        self._said_not_images = False
 
     def draw(self, matrix: Tensor, samples: list[Sample], names: list[str]) -> dict[str, "Figure"]:
         """The pictures of one epoch as matplotlib Figures, by tag under the stage (`confusion_matrix` is
@@ -93,7 +97,7 @@ class Pictures(L.Callback):
             self._confusion.reset()
             self._samples = []
 
-    def _collect(self, outputs: Any, batch: Any) -> None:
+    def _collect(self, trainer: L.Trainer, outputs: Any, batch: Any) -> None:
         if not self._active:
             return
         if not isinstance(outputs, dict) or "preds" not in outputs or "targets" not in outputs:
@@ -103,10 +107,31 @@ class Pictures(L.Callback):
             )
         preds, targets = outputs["preds"], outputs["targets"]
         self._confusion.update(preds, targets)
+        if len(self._samples) >= self.num_samples or not self._drawable(trainer, batch[0]):
+            return
         for image, pred, target in zip(batch[0], preds, targets, strict=False):
             if len(self._samples) >= self.num_samples:
                 break
             self._samples.append((image.detach().float().cpu(), pred.cpu(), target.cpu()))
+
+    def _drawable(self, trainer: L.Trainer, inputs: Any) -> bool:
+        """Whether a batch's inputs are images (batch, channels, height, width) that a sample picture can show.
+        Other inputs (feature vectors, say) get no sample pictures, said once per run, and the pictures of
+        the whole epoch are drawn as usual."""
+        if isinstance(inputs, Tensor) and inputs.dim() == 4:
+            return True
+        if not self._said_not_images and trainer.is_global_zero:
+            what = (
+                f"have shape {list(inputs.shape[1:])}"
+                if isinstance(inputs, Tensor)
+                else f"are a {type(inputs).__name__}"
+            )
+            log.info(
+                f"callbacks.{self.name}: the inputs {what}, not [channels, height, width] images: no sample "
+                "pictures, only the pictures of the whole epoch"
+            )
+        self._said_not_images = True
+        return False
 
     def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._start(trainer, pl_module, "val")
@@ -117,10 +142,10 @@ class Pictures(L.Callback):
     def on_validation_batch_end(
         self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0
     ) -> None:
-        self._collect(outputs, batch)
+        self._collect(trainer, outputs, batch)
 
     def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
-        self._collect(outputs, batch)
+        self._collect(trainer, outputs, batch)
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._finish(trainer, "val")

@@ -42,16 +42,28 @@ def seeded_split(dataset: Dataset, lengths: Sequence[int | float], seed: int, na
     return random_split(dataset, list(lengths), generator=torch.Generator().manual_seed(seed))
 
 
-def assign_folds(size: int, num_folds: int, seed: int, labels: Sequence[int] | None = None) -> torch.Tensor:
-    """Each sample's fold (0..num_folds-1), the same on every run and rank: the samples, shuffled by `seed`
-    and then grouped by label when `labels` are given, are dealt to the folds in turn like cards. So fold
-    sizes differ by at most one, and so do the counts of each class."""
+def assign_parts(sizes: Sequence[int], seed: int, labels: Sequence[int] | None = None) -> torch.Tensor:
+    """Each sample's part (0..len(sizes)-1), `sizes[i]` samples in part i, the same on every run and rank: the
+    samples, shuffled by `seed` and then grouped by label when `labels` are given, are dealt to the parts in
+    turn like cards, each part as often as its size says. So every class is spread over the parts in their
+    proportions (a split or a fold misses a class only when that class has too few samples to share)."""
+    size = sum(sizes)
     order = torch.randperm(size, generator=torch.Generator().manual_seed(seed))
     if labels is not None:
         order = order[torch.sort(torch.as_tensor(labels)[order], stable=True).indices]
-    folds = torch.empty(size, dtype=torch.long)
-    folds[order] = torch.arange(size) % num_folds
-    return folds
+    # Part i's k-th card is due at (k + 0.5) / sizes[i] of the deck; ties go to the lower part, so equal
+    # sizes deal 0, 1, ..., 0, 1, ... in turn.
+    due = torch.cat([(torch.arange(n) + 0.5) / n for n in sizes])
+    parts = torch.repeat_interleave(torch.arange(len(sizes)), torch.as_tensor(sizes))
+    assigned = torch.empty(size, dtype=torch.long)
+    assigned[order] = parts[torch.sort(due, stable=True).indices]
+    return assigned
+
+
+def assign_folds(size: int, num_folds: int, seed: int, labels: Sequence[int] | None = None) -> torch.Tensor:
+    """Each sample's fold (0..num_folds-1) by `assign_parts`: fold sizes differ by at most one, and so do the
+    counts of each class."""
+    return assign_parts([len(range(fold, size, num_folds)) for fold in range(num_folds)], seed, labels)
 
 
 class DataModule(L.LightningDataModule):

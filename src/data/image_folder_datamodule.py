@@ -12,7 +12,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
 from hydra.utils import instantiate
 from torch.utils.data import Dataset
 
@@ -27,6 +26,7 @@ from src.data.components.labels import (
     read_label_file,
     scan_class_folders,
 )
+from src.data.datamodule import assign_parts
 
 log = logging.getLogger(__name__)
 
@@ -225,7 +225,8 @@ class ImageFolderDataModule(ClassificationDataModule):
         )
 
     def _split(self, pool: list[tuple[Path, int]], has_own: set[str]) -> dict[str, list[tuple[Path, int]]]:
-        """Draw train/val/test from the pool by `split` (sizes or fractions), the same on every run and rank.
+        """Draw train/val/test from the pool by `split` (sizes or fractions), the same on every run and rank,
+        stratified by class (`assign_parts`): a small val or test split still holds every class it can.
 
         A stage with a source of its own must get a share of 0, so that no image is silently left out.
         """
@@ -248,11 +249,11 @@ class ImageFolderDataModule(ClassificationDataModule):
                 raise ValueError(f"data.split={shares}: fractions must be at least 0 and sum to 1.0")
             sizes = [int(share * total) for share in shares]
             sizes[0] += total - sum(sizes)  # rounding leftovers go to train
-        order = torch.randperm(
-            total, generator=torch.Generator().manual_seed(self.hparams.split_seed)
-        ).tolist()
-        bounds = [0, sizes[0], sizes[0] + sizes[1], total]
-        return {stage: [pool[j] for j in order[bounds[i] : bounds[i + 1]]] for i, stage in enumerate(STAGES)}
+        parts = assign_parts(sizes, self.hparams.split_seed, labels=[label for _, label in pool]).tolist()
+        return {
+            stage: [s for s, part in zip(pool, parts, strict=True) if part == i]
+            for i, stage in enumerate(STAGES)
+        }
 
     def _transform_config(self, stage: str) -> dict[str, Any] | None:
         """The transforms config of `stage` (test falls back to val's; train is test's when `augment` is off);

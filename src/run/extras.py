@@ -1,5 +1,6 @@
 """The checks and printing that `extras` runs before anything is instantiated."""
 
+import logging
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -11,9 +12,38 @@ from omegaconf import DictConfig, OmegaConf
 from src.launch import environment
 from src.run import memory
 
+# What Lightning prints in every run that a user can do nothing about. Each is left out here, matched by its
+# exact text, until the pinned Lightning stops printing it.
+# - torch's FutureWarning that LeafSpec is deprecated, which Lightning's own CombinedLoader triggers in every
+#   fit, test and predict (lightning/pytorch/utilities/_pytree.py; seen with the pinned torch 2.14.1 and
+#   lightning 2.6.6); Lightning-AI/pytorch-lightning#21326.
+PYTREE_WARNING = r"`isinstance\(treespec, LeafSpec\)` is deprecated"
+# - Lightning 2.6's tips to install its litlogger and litmodels packages, logged at a Trainer's start unless a
+#   logger is a LitLogger (or, for litmodels, a checkpoint callback is there, which eval's trainer lacks); no
+#   setting turns them off (lightning/pytorch/trainer/connectors/logger_connector/logger_connector.py and
+#   callback_connector.py).
+LIGHTNING_TIPS = (
+    "💡 Tip: For seamless cloud logging and experiment tracking, try installing [litlogger]",
+    "💡 Tip: For seamless cloud uploads and versioning, try installing [litmodels]",
+)
+
+
+def leave_out_upstream_noise() -> None:
+    """Leave out of the run's output what Lightning prints in every run and no user can act on (see above)."""
+    warnings.filterwarnings(
+        "ignore",
+        message=PYTREE_WARNING,
+        category=FutureWarning,
+        module=r"lightning\.pytorch\.utilities\._pytree",
+    )
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(
+        lambda record: not record.getMessage().startswith(LIGHTNING_TIPS)
+    )
+
 
 def apply_extras(cfg: DictConfig) -> None:
     """Run the conveniences of `cfg.extras` before anything heavy is instantiated."""
+    leave_out_upstream_noise()
     extras = cfg.get("extras") or {}
     if extras.get("ignore_warnings"):
         warnings.filterwarnings("ignore")
