@@ -119,7 +119,9 @@ def test_a_sweep_started_by_torchrun_is_refused(compose_cfg, monkeypatch):
 def test_a_sweep_inside_a_multi_task_slurm_step_is_refused(compose_cfg, monkeypatch):
     for name, value in {"SLURM_NTASKS": "4", "SLURM_JOB_NAME": "train", "SLURM_JOB_ID": "7"}.items():
         monkeypatch.setenv(name, value)
-    with pytest.raises(RuntimeError, match=r"as 4 processes, .* hydra/launcher=slurm"):
+    with pytest.raises(
+        RuntimeError, match=r"as 4 processes, .* a launcher that submits one cluster job per job"
+    ):
         check(compose_cfg, "hydra.mode=MULTIRUN")
     check(compose_cfg, "hydra.mode=MULTIRUN", "hydra/launcher=submitit_slurm")  # submitit's tasks are jobs
 

@@ -238,7 +238,7 @@ def check_launch() -> None:
         raise RuntimeError(
             f"this sweep (-m) was started by torchrun or srun as {processes} processes, and each would run "
             "the whole sweep; start it once (python src/train.py -m ...) and let every job start its own "
-            "processes: trainer=ddp (Lightning starts them) or hydra/launcher=slurm (one SLURM job per job)"
+            "processes: trainer=ddp (Lightning starts them), or a launcher that submits one cluster job per job"
         )
 
 
