@@ -6,9 +6,14 @@ import json
 import math
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
+from hydra.utils import instantiate
+from lightning.pytorch.callbacks import EMAWeightAveraging
+from lightning.pytorch.demos.boring_classes import BoringModel
 from lightning.pytorch.tuner.lr_finder import _LRFinder
+from omegaconf import OmegaConf
 from PIL import Image
 
 from src.callbacks.lr_finder import steepest_descent
@@ -16,6 +21,7 @@ from src.run import preflight
 from src.run.checkpoints import load_checkpoint
 from src.run.trained_run import TrainedRun, load_model
 from tests.conftest import CONFIG_DIR, ROOT, built_once, run_cli
+from tests.helpers import RecordWeights
 
 WITH_TESTS = {"PYTHONPATH": str(ROOT)}  # so Hydra can load tests.helpers
 # Digits + MLP, 2 epochs of 6 steps, deterministic; the latest state saved every 4 steps, so a run killed at
@@ -26,7 +32,8 @@ SHORT = [
     "+callbacks.kill._target_=tests.helpers.KillAtStep",
 ]  # fmt: skip
 DECAY = 0.8  # short runs: an average over the last few steps, far enough from the raw weights to tell apart
-EMA = [*SHORT, "callbacks=[default,ema]", f"callbacks.ema.decay={DECAY}"]
+EMA = [*SHORT, "callbacks=[default,ema]", f"callbacks.ema.decay={DECAY}"]  # with the default warm-up
+WARMUP_FRACTION = OmegaConf.load(CONFIG_DIR / "callbacks" / "ema.yaml").ema.warmup_fraction
 # A cosine schedule: built with the optimizer, it must start from the rate found too.
 LR_FINDER = [
     *SHORT, "model/scheduler=cosine", "callbacks=[default,lr_finder]",
@@ -92,14 +99,106 @@ def test_each_turns_on_with_its_documented_override(compose_cfg, name: str):
 # --- ema ---
 
 
-def ema_of(steps: list[dict[str, torch.Tensor]], decay: float) -> dict[str, torch.Tensor]:
-    """The net's floating-point tensors averaged over `steps`: the first copied, then
-    average = decay * average + (1 - decay) * weights (integer buffers, BatchNorm's step count, left out)."""
-    average = {name: value.clone() for name, value in steps[0].items() if name.startswith("net.")}
+def ema_of(
+    steps: list[dict[str, torch.Tensor]],
+    decay: float,
+    warmup_fraction: float | None = WARMUP_FRACTION,
+    prefix="net.",
+) -> dict[str, torch.Tensor]:
+    """The net's floating-point tensors averaged over `steps`: the first copied, then the n-th update
+    average = d * average + (1 - d) * weights, d = min(decay, 1 - 1 / (1 + warmup_fraction * n)), or d = decay
+    without a warm-up (integer buffers, BatchNorm's step count, left out)."""
+    average = {name: value.clone() for name, value in steps[0].items() if name.startswith(prefix)}
     average = {name: value for name, value in average.items() if value.is_floating_point()}
-    for step in steps[1:]:
-        average = {name: decay * value + (1 - decay) * step[name] for name, value in average.items()}
+    for n, step in enumerate(steps[1:], start=1):
+        d = decay if warmup_fraction is None else min(decay, 1 - 1 / (1 + warmup_fraction * n))
+        average = {name: d * value + (1 - d) * step[name] for name, value in average.items()}
     return average
+
+
+def fit_boring_model(callback: L.Callback, tmp_path: Path) -> tuple[dict, list[dict[str, torch.Tensor]]]:
+    """Lightning's BoringModel fitted for 8 steps with `callback`: its weights after fit (the average, with an
+    averaging callback) and the raw weights after every step."""
+    L.seed_everything(0)
+    record = RecordWeights(str(tmp_path / "weights_by_step.pt"))
+    trainer = L.Trainer(
+        max_steps=8, callbacks=[callback, record], accelerator="cpu", logger=False, limit_val_batches=0,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+    )  # fmt: skip
+    module = BoringModel()
+    trainer.fit(module)
+    return module.state_dict(), record.steps
+
+
+def ema_callback(compose_cfg, *overrides: str) -> L.Callback:
+    return instantiate(compose_cfg("train", ["callbacks=[default,ema]", *overrides]).callbacks.ema)
+
+
+def test_the_decay_warms_up_to_its_value(compose_cfg, tmp_path: Path):
+    # After n updates the average spans 1 / (1 - d) = 1 + warmup_fraction * n updates, until `decay` caps d.
+    assert WARMUP_FRACTION is not None  # on by default
+    warmed = ema_callback(compose_cfg, "callbacks.ema.decay=0.6")
+    spans = [1 / (1 - warmed.decay_after(torch.tensor(n)).item()) for n in (1, 2, 10)]
+    assert spans == pytest.approx([1 + WARMUP_FRACTION * n for n in (1, 2, 10)])
+    assert warmed.decay_after(torch.tensor(100)).item() == pytest.approx(0.6)
+    plain_mean = ema_callback(compose_cfg, "callbacks.ema.warmup_fraction=1")  # of all updates, until `decay`
+    assert [plain_mean.decay_after(torch.tensor(n)).item() for n in (1, 2, 3)] == pytest.approx(
+        [1 / 2, 2 / 3, 3 / 4]
+    )
+
+    average, steps = fit_boring_model(warmed, tmp_path)
+    for name, value in ema_of(steps, 0.6, WARMUP_FRACTION, prefix="layer.").items():
+        torch.testing.assert_close(average[name], value, rtol=1e-6, atol=1e-7)
+
+
+def test_without_the_warm_up_the_decay_is_constant_as_in_lightnings_ema(compose_cfg, tmp_path: Path):
+    off = [
+        ema_callback(compose_cfg, "callbacks.ema.decay=0.6", f"callbacks.ema.warmup_fraction={v}")
+        for v in ("null", "false")
+    ]
+    assert [callback.warmup_fraction for callback in off] == [None, None]
+    constant, steps = fit_boring_model(off[0], tmp_path)
+    for name, value in ema_of(steps, 0.6, None, prefix="layer.").items():
+        torch.testing.assert_close(constant[name], value, rtol=1e-6, atol=1e-7)
+    lightnings, _ = fit_boring_model(EMAWeightAveraging(decay=0.6), tmp_path)
+    assert_same_tensors(constant, lightnings)  # the very average Lightning's EMAWeightAveraging makes
+
+
+@pytest.mark.slow
+def test_a_short_run_with_the_average_tests_about_as_well_as_without_it(
+    digits_run: Path, tmp_path: Path, data_dir: Path
+):
+    # digits_run, 42 steps, with the default average: a constant decay of 0.99 would still hold most of the
+    # first step's weights at the end; the warm-up keeps the average near the recent weights.
+    overrides = ["data=digits", "model/net=mlp", "trainer.max_epochs=2", "callbacks=[default,ema]"]
+    result = run_cli("train", *overrides, "run_name=ema", log_dir=tmp_path, data_dir=data_dir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    averaged = json.loads((tmp_path / "train" / "runs" / "ema" / "run.json").read_text())["final_metrics"]
+    raw = json.loads((digits_run / "run.json").read_text())["final_metrics"]
+    assert averaged["test/acc"] >= raw["test/acc"] - 0.02
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        (
+            "callbacks.ema.warmup_fraction=2",
+            "callbacks.ema.warmup_fraction=2 is not valid; use a number above 0 and at most 1",
+        ),
+        ("callbacks.ema.warmup_fraction=0", "callbacks.ema.warmup_fraction=0 is not valid"),
+        ("callbacks.ema.warmup_fraction=true", "callbacks.ema.warmup_fraction=true is not valid"),
+        ("callbacks.ema.warmup_fraction=fast", "callbacks.ema.warmup_fraction=fast is not valid"),
+        ("callbacks.ema.decay=1.5", "callbacks.ema.decay=1.5 is not valid; use a number from 0 to 1"),
+    ],
+)
+def test_a_bad_ema_setting_is_refused_naming_the_key_and_what_is_valid(
+    compose_cfg, override: str, message: str
+):
+    cfg = compose_cfg("train", ["callbacks=[default,ema]", override])
+    with pytest.raises(Exception) as refused:
+        instantiate(cfg.callbacks.ema)
+    error = refused.value.__cause__ or refused.value  # Hydra wraps what the constructor raised
+    assert isinstance(error, ValueError) and str(error).startswith(message) and "\n" not in str(error)
 
 
 def test_the_average_is_what_best_ckpt_holds_and_what_test_eval_predict_and_export_use(

@@ -2,21 +2,36 @@
 use, while training goes on with the raw weights."""
 
 import warnings
+from numbers import Real
 from typing import Any
 
 import lightning as L
-from lightning.pytorch.callbacks import EMAWeightAveraging
+import torch
+from lightning.pytorch.callbacks import WeightAveraging
 from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy, ModelParallelStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 
 SHARDING = (FSDPStrategy, DeepSpeedStrategy, ModelParallelStrategy)  # strategies that may shard the weights
 
 
-class EMA(EMAWeightAveraging):
-    """Lightning's EMAWeightAveraging: after every optimizer step the average moves towards the weights,
-    `average = decay * average + (1 - decay) * weights` (the first step copies them). Validation runs on the
-    average; every checkpoint holds it as its `state_dict`, which eval, predict and export load, and the raw
-    weights as `current_model_state`, with the average's step count, which a resumed fit continues from.
+def is_number(value: Any) -> bool:
+    """A real number, and not a bool (YAML's true and false are ints to Python)."""
+    return isinstance(value, Real) and not isinstance(value, bool)
+
+
+class EMA(WeightAveraging):
+    """An exponential moving average of the weights: after every optimizer step the average moves towards them,
+    `average = d * average + (1 - d) * weights` (the first update copies them). With `warmup_fraction` f the
+    decay d after n updates is `min(decay, 1 - 1 / (1 + f * n))`: the average spans about the last f * n
+    updates (f = 1: the plain mean of them all) until that reaches the 1/(1 - decay) steps of `decay`. A
+    constant d instead holds on to the first step's weights for about 1/(1 - decay) steps, which a short run
+    never outgrows. This is timm's and diffusers' warm-up `1 - (1 + n / gamma) ** -power` with power 1 and
+    gamma 1/f. n is the AveragedModel's `n_averaged`, which checkpoints hold, so a resumed run continues it.
+
+    Validation runs on the average; every checkpoint holds it as its `state_dict`, which eval, predict and export
+    load, and the raw weights as `current_model_state`, with `n_averaged`, which a resumed fit continues from.
+    Lightning's WeightAveraging with an averaging function (`avg_fn`) and `should_update`, its two documented
+    extension points; `should_update` is EMAWeightAveraging's.
 
     What it changes, so that it works with the template's other callbacks:
     - Lightning puts the raw weights back whenever it loads a checkpoint into a module that has an average, so
@@ -33,6 +48,61 @@ class EMA(EMAWeightAveraging):
     """
 
     _swapped = False  # whether validation has swapped the average into the module
+
+    def __init__(
+        self,
+        decay: float = 0.99,
+        warmup_fraction: float | None = 0.1,
+        update_every_n_steps: int = 1,
+        update_starting_at_step: int | None = None,
+        update_starting_at_epoch: int | None = None,
+        device: torch.device | str | int | None = None,
+        use_buffers: bool = True,
+    ) -> None:
+        if not (is_number(decay) and 0 <= decay <= 1):
+            raise ValueError(
+                f"callbacks.ema.decay={decay} is not valid; use a number from 0 to 1, such as 0.99"
+            )
+        if warmup_fraction is False:
+            warmup_fraction = None  # `false` reads as "no warm-up" on the command line: the same as null
+        if warmup_fraction is not None and not (is_number(warmup_fraction) and 0 < warmup_fraction <= 1):
+            shown = "true" if warmup_fraction is True else warmup_fraction  # as it was written
+            raise ValueError(
+                f"callbacks.ema.warmup_fraction={shown} is not valid; use a number above 0 and at most 1 (0.1; "
+                "1: the plain mean of all updates until the decay is reached), or null for no warm-up"
+            )
+        self.decay = float(decay)
+        self.warmup_fraction = None if warmup_fraction is None else float(warmup_fraction)
+        self.update_every_n_steps = update_every_n_steps
+        self.update_starting_at_step = update_starting_at_step
+        self.update_starting_at_epoch = update_starting_at_epoch
+        super().__init__(device=device, use_buffers=use_buffers, avg_fn=self.average)
+
+    def decay_after(self, num_averaged: torch.Tensor) -> torch.Tensor:
+        """The warmed-up decay of the update that adds the weights to an average of `num_averaged` updates. A
+        tensor on the average's device (float32: MPS has no float64), so that no update waits for the GPU."""
+        return (1 - 1 / (1 + self.warmup_fraction * num_averaged.float())).clamp(max=self.decay)
+
+    def average(
+        self, average: torch.Tensor, weights: torch.Tensor, num_averaged: torch.Tensor
+    ) -> torch.Tensor:
+        """AveragedModel's `avg_fn`: the average after adding `weights` to an average of `num_averaged` updates.
+        Without a warm-up, the arithmetic of torch's `get_ema_avg_fn`, which EMAWeightAveraging uses; a method,
+        unlike that closure, so that the callback can be pickled (ddp_spawn)."""
+        decay = self.decay if self.warmup_fraction is None else self.decay_after(num_averaged)
+        return decay * average + (1 - decay) * weights
+
+    def should_update(self, step_idx: int | None = None, epoch_idx: int | None = None) -> bool:
+        """EMAWeightAveraging's: every `update_every_n_steps`-th step from `update_starting_at_step`, and every
+        epoch end from `update_starting_at_epoch`."""
+        if step_idx is not None:
+            started = self.update_starting_at_step is None or step_idx >= self.update_starting_at_step
+            return started and self.update_every_n_steps > 0 and step_idx % self.update_every_n_steps == 0
+        return (
+            epoch_idx is not None
+            and self.update_starting_at_epoch is not None
+            and epoch_idx >= self.update_starting_at_epoch
+        )
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         with warnings.catch_warnings():
