@@ -218,23 +218,32 @@ def files_left_out(manifest: dict[str, dict], kept: set[str]) -> list[str]:
 
 
 def keep_lines(text: str, kept: set[str], where: str) -> str:
-    """`text` without the lines and blocks of parts not kept, and without any marker."""
-    lines, blocks = [], []  # blocks: for each open block, whether its lines are kept
-    closed = False  # the line before was the end of a block left out
+    """`text` without the lines and blocks of parts not kept, and without any marker. Blank lines are kept
+    as a formatter left them: a block left out takes the blank lines before it along (those after it
+    separate what follows), and a marker's line takes no blank line that would double one."""
+    lines: list[str] = []
+    blocks: list[bool] = []  # for each open block, whether its lines are kept
+    squeeze = False  # after a marker: blank lines that follow a blank line are dropped
     for number, line in enumerate(text.splitlines(keepends=True), 1):
         if start := BLOCK_START.match(line):
-            blocks.append(all(name.strip() in kept for name in start[1].split(",")))
+            keep = all(name.strip() in kept for name in start[1].split(","))
+            if all(blocks) and not keep:
+                while lines and not lines[-1].strip():
+                    lines.pop()
+            blocks.append(keep)
+            squeeze = True
             continue
         if BLOCK_END.match(line):
             if not blocks:
                 raise SystemExit(f"{where}:{number}: a part's end marker without its start")
-            closed = not blocks.pop()
+            blocks.pop()
+            squeeze = True
             continue
         if not all(blocks):
             continue
-        if closed and not line.strip() and (not lines or not lines[-1].strip()):
-            continue  # a blank line before the block and one after it: keep one
-        closed = False
+        if not line.strip() and squeeze and (not lines or not lines[-1].strip()):
+            continue
+        squeeze = False
         if tag := LINE_TAG.search(line.rstrip("\n")):
             if not all(name.strip() in kept for name in tag[1].split(",")):
                 continue

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
-from hydra.utils import instantiate
+from hydra.utils import instantiate  # [part: cluster]
 from lightning.fabric.plugins.environments import SLURMEnvironment
 
 from src.launch import environment

@@ -96,22 +96,27 @@ def test_a_tagged_line_and_a_block_stay_only_with_their_parts_and_no_marker_stay
     text = (
         "import a\n"
         "import b  # [part: x]\n"
+        "\n"
         "value = 1  # one  [part: x, y]\n"
+        "\n"
         "\n"
         "# part: y\n"
         "def f():\n"
         "    pass\n"
         "\n"
+        "\n"
         "# /part\n"
+        "\n"
         "\n"
         "def g():\n"
         "    pass\n"
     )
     assert new_project.keep_lines(text, {"x", "y"}, "t.py") == (
-        "import a\nimport b\nvalue = 1  # one\n\ndef f():\n    pass\n\n\ndef g():\n    pass\n"
+        "import a\nimport b\n\nvalue = 1  # one\n\n\ndef f():\n    pass\n\n\ndef g():\n    pass\n"
     )
-    assert new_project.keep_lines(text, {"x"}, "t.py") == "import a\nimport b\n\ndef g():\n    pass\n"
-    assert new_project.keep_lines(text, set(), "t.py") == "import a\n\ndef g():\n    pass\n"
+    # What is left is formatted as before: two blank lines before a function, one file end.
+    assert new_project.keep_lines(text, {"x"}, "t.py") == "import a\nimport b\n\n\ndef g():\n    pass\n"
+    assert new_project.keep_lines(text, set(), "t.py") == "import a\n\n\ndef g():\n    pass\n"
 
 
 def test_markdown_blocks_nest_and_unbalanced_ones_are_refused():
@@ -240,6 +245,12 @@ def test_a_generated_project_names_only_what_it_has(template_copy: Path, tmp_pat
     )
     assert 'requires-python = ">=3.12"' in (project / "pyproject.toml").read_text()
     assert missing_references(project, kept) == []
+    # What is left passes the project's linter as the template does: no unused import, formatted.
+    ruff = Path(sys.executable).parent / "ruff"  # the dev extra's
+    for command in (["check"], ["format", "--check"]):
+        code = ["src", "tests", "scripts", "hydra_plugins"]
+        result = subprocess.run([ruff, *command, *code], cwd=project, capture_output=True, text=True)
+        assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_the_reference_check_finds_what_a_project_lacks(template_copy: Path, tmp_path: Path):

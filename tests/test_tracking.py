@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from PIL import Image
+from PIL import Image  # [part: diagnostics]
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from src.run.builder import build

@@ -14,6 +14,7 @@ import torch
 import yaml
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
+from omegaconf import DictConfig
 from optuna.study import StudyDirection  # [part: optuna]
 
 from hydra_plugins.sweep_summary import write_summary
@@ -110,21 +111,25 @@ def test_by_default_everything_watches_val_acc_and_maximizes(tmp_path: Path, dat
     for consumer in (cfg["callbacks"]["model_checkpoint"], cfg["callbacks"]["early_stopping"], cfg["model"]):
         assert (consumer["monitor"], consumer["mode"]) == ("val/acc", "max")
 
-    GlobalHydra.instance().clear()
+    assert composed("train").hydra.callbacks.sweep_summary.mode == "max"
     # part: optuna
-    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
-        search = compose("train", ["hparams_search=digits_mlp"], return_hydra_config=True)
-    GlobalHydra.instance().clear()
+    search = composed("train", ["hparams_search=digits_mlp"])
     assert search.hydra.sweeper.mode == "max" and search.hydra.callbacks.sweep_summary.mode == "max"
     assert search.callbacks.optuna_pruning.monitor == "val/acc_best"
     # /part
     # part: predict
-    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
-        # predict (like export) has no `mode`: the shared hydra config falls back to max.
-        predict = compose("predict", return_hydra_config=True)
-    GlobalHydra.instance().clear()
+    predict = composed("predict")  # predict (like export) has no `mode`: the hydra config falls back to max
     assert "mode" not in predict and predict.hydra.callbacks.sweep_summary.mode == "max"
     # /part
+
+
+def composed(name: str, overrides: list[str] | None = None) -> DictConfig:
+    """`name`'s config with Hydra's own (hydra.sweeper, hydra.callbacks), as a run composes it."""
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose(name, overrides or [], return_hydra_config=True)
+    GlobalHydra.instance().clear()
+    return cfg
 
 
 def test_a_bad_mode_is_refused_in_one_line_naming_the_valid_ones(compose_cfg, tmp_path: Path):

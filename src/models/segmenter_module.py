@@ -3,12 +3,12 @@ plus Dice) loss; pixel accuracy, mean IoU and Dice per stage, and the IoU of eac
 written as mask images with coloured previews."""
 
 import math
-from pathlib import Path
+from pathlib import Path  # [part: predict]
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from omegaconf import DictConfig
+from omegaconf import DictConfig  # [part: predict]
 from torch import Tensor
 from torchmetrics import Metric
 from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score, MulticlassJaccardIndex
