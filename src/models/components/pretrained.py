@@ -57,6 +57,24 @@ def check_input_size(model: nn.Module, input_shape: list[int], what: str, weight
         model.train(was_training)
 
 
+# torch's normalisation layers with running statistics (the subclasses of its private _NormBase).
+NORMS_WITH_RUNNING_STATS = (
+    nn.BatchNorm1d,
+    nn.BatchNorm2d,
+    nn.BatchNorm3d,
+    nn.SyncBatchNorm,
+    nn.InstanceNorm1d,
+    nn.InstanceNorm2d,
+    nn.InstanceNorm3d,
+    nn.LazyBatchNorm1d,
+    nn.LazyBatchNorm2d,
+    nn.LazyBatchNorm3d,
+    nn.LazyInstanceNorm1d,
+    nn.LazyInstanceNorm2d,
+    nn.LazyInstanceNorm3d,
+)
+
+
 def is_norm(module: nn.Module) -> bool:
     """A normalisation layer with running statistics (BatchNorm, InstanceNorm with track_running_stats)."""
-    return isinstance(module, nn.modules.batchnorm._NormBase)
+    return isinstance(module, NORMS_WITH_RUNNING_STATS)
