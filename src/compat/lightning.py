@@ -26,6 +26,11 @@ release breaks it (the weekly CI job against the newest Lightning is there to no
   src/run/preflight.py, which checks the value before anything is built. No upstream issue: Lightning has
   no public name for the mapping. When it breaks: the import fails; copy the mapping from Lightning's
   `precision.py`.
+- `_every_n_train_steps` and `_train_time_interval` of `ModelCheckpoint`: src/run/builder.py lets
+  Lightning skip the checkpoint's batch hook when it saves only at epoch ends (`saves_within_epochs`); its
+  idle hooks cost the MLP benchmark case about 3.5 % of a step (docs/maintainers/performance.md). No
+  upstream issue: the constructor's settings have no public accessor. When it breaks: the attribute error
+  names them; read the new names in `model_checkpoint.py`.
 - `_average_model` and `_latest_update_step` of `WeightAveraging`: src/callbacks/ema.py makes the update of
   the step a checkpoint is saved in before it is written, and knows when validation swapped the average in.
   No public accessor exists (Lightning 2.6). When it breaks: tests/test_ema.py fails; read the new
@@ -37,9 +42,15 @@ from collections.abc import Callable
 
 from lightning.fabric.plugins.precision.precision import _PRECISION_INPUT_STR_ALIAS_CONVERSION
 from lightning.fabric.strategies.launchers import subprocess_script as fabric_launcher
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.strategies.launchers import subprocess_script as pytorch_launcher
 
 PRECISION_ALIASES: dict[str, str] = dict(_PRECISION_INPUT_STR_ALIAS_CONVERSION)
+
+
+def saves_within_epochs(checkpoint: ModelCheckpoint) -> bool:
+    """Whether a ModelCheckpoint also saves every N training steps or after a training time interval."""
+    return checkpoint._every_n_train_steps > 0 or checkpoint._train_time_interval is not None
 
 
 def replace_launcher_functions(
