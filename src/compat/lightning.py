@@ -33,8 +33,9 @@ release breaks it (the weekly CI job against the newest Lightning is there to no
   names them; read the new names in `model_checkpoint.py`.
 - `_average_model` and `_latest_update_step` of `WeightAveraging`: src/callbacks/ema.py makes the update of
   the step a checkpoint is saved in before it is written, and knows when validation swapped the average in.
-  No public accessor exists (Lightning 2.6). When it breaks: tests/test_ema.py fails; read the new
-  attribute names in `weight_averaging.py`.
+  No public accessor exists (Lightning 2.6). ema.py reads them itself, allowed by name in
+  tests/test_public_api.py. When it breaks: tests/test_ema_and_lr_finder.py fails; read the new attribute
+  names in `weight_averaging.py`.
 """
 
 import subprocess
