@@ -128,8 +128,14 @@ class PrivateUses(ast.NodeVisitor):
                     self.library_names.add(alias.asname or alias.name.split(".")[0])
         elif not node.level and from_library(node.module):
             self.library_names |= {alias.asname or alias.name for alias in node.names}
-        with contextlib.suppress(ImportError):
-            exec(compile(ast.Module(body=[node], type_ignores=[]), "<imports>", "exec"), self.namespace)
+        modules = (
+            [alias.name for alias in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+        )
+        relative = isinstance(node, ast.ImportFrom) and node.level > 0
+        # What a class here can derive from; other packages (wandb, onnx, ...) are not imported.
+        if relative or any(from_library(name) or name.split(".")[0] in PACKAGE_ROOTS for name in modules):
+            with contextlib.suppress(ImportError):
+                exec(compile(ast.Module(body=[node], type_ignores=[]), "<imports>", "exec"), self.namespace)
 
     def report(self, node: ast.AST, name: str, what: str) -> None:
         self.found.append((node.lineno, name, what))
