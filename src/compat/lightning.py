@@ -28,7 +28,7 @@ release breaks it (the weekly CI job against the newest Lightning is there to no
   `precision.py`.
 - `_every_n_train_steps` and `_train_time_interval` of `ModelCheckpoint`: src/run/builder.py lets
   Lightning skip the checkpoint's batch hook when it saves only at epoch ends (`saves_within_epochs`); its
-  idle hooks cost the MLP benchmark case 3.4 % or more of a step (docs/maintainers/performance.md). No
+  idle hooks cost the MLP benchmark case 2-3.5 % of a step (docs/maintainers/performance.md). No
   upstream issue: the constructor's settings have no public accessor. When it breaks: the attribute error
   names them; read the new names in `model_checkpoint.py`.
 - `_average_model` and `_latest_update_step` of `WeightAveraging`: src/callbacks/ema.py makes the update of
