@@ -180,3 +180,24 @@ def test_ddp_creates_one_wandb_run_from_rank_zero_with_its_checkpoints(tmp_path:
     (run_file,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
     artifacts = [r.artifact for r in wandb_records(run_file) if r.WhichOneof("record_type") == "artifact"]
     assert artifacts and all(a.type == "model" for a in artifacts)  # log_model=all: checkpoints as artifacts
+
+
+def test_the_csv_logger_keeps_the_columns_another_copy_of_it_wrote(tmp_path: Path):
+    """Under ddp_spawn the fit and the test stages each get a copy of the logger made before either wrote;
+    the test stage used to rewrite metrics.csv with its own columns only, and failed."""
+    import csv
+    import pickle
+
+    from src.run.loggers import CSVLogger
+
+    logger = CSVLogger(tmp_path, name="csv", version=0)
+    logger.experiment  # noqa: B018 - made in the main process, before the workers start
+    copy = pickle.dumps(logger)
+    logger.log_metrics({"train/loss": 1.0}, step=0)
+    logger.save()  # the fit's worker
+    test_stage = pickle.loads(copy)
+    test_stage.log_metrics({"test/acc": 0.5}, step=1)
+    test_stage.save()
+    with open(tmp_path / "csv" / "version_0" / "metrics.csv", newline="") as file:
+        rows = list(csv.DictReader(file))
+    assert [(row["train/loss"], row["test/acc"]) for row in rows] == [("1.0", ""), ("", "0.5")]

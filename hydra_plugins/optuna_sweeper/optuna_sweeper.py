@@ -43,7 +43,7 @@ from hydra.types import HydraContext, RunMode, TaskFunction
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from hydra_plugins.sweep_summary import describe_error
+from hydra_plugins.sweep_summary import describe_error, job_error
 
 if TYPE_CHECKING:  # optuna is imported where it is used: every Hydra start imports this module
     import optuna
@@ -209,7 +209,8 @@ class OptunaSweeper(Sweeper):
         sweep_dir = Path(self.config.hydra.sweep.dir)
         lock = StudyLock(self.storage, self.study_name)
         with lock:  # also creating the database's tables: launches started at once would race at it
-            study = self._load_study(open_storage(self.storage), space, fixed, sweep_dir)
+            storage = open_storage(self.storage)  # kept: the heartbeat writes to it
+            study = self._load_study(storage, space, fixed, sweep_dir)
         finished = _count(study, TrialState.COMPLETE, TrialState.PRUNED)
         if finished >= self.n_trials:
             log.info(
@@ -223,7 +224,9 @@ class OptunaSweeper(Sweeper):
         )
         max_failures = math.floor(self.max_failure_rate * self.n_trials)
         failures, last_failure, waiting = 0, -1, False
-        with Heartbeat(study, lock, self.heartbeat_interval, self.grace_period, self.stale_retries) as heart:
+        with Heartbeat(
+            study, storage, lock, self.heartbeat_interval, self.grace_period, self.stale_retries
+        ) as heart:
             while True:
                 with lock:  # count and ask as one step: launches running at once never take too many trials
                     heart.fail_stale_trials()
@@ -389,7 +392,7 @@ def _tell(study: optuna.Study, trial: optuna.Trial, job_return: JobReturn) -> An
     if _failed_meanwhile(study, trial):
         return None
     if job_return.status != JobStatus.COMPLETED:
-        error = job_return._return_value  # the exception the task raised (`return_value` re-raises it)
+        error = job_error(job_return)
         if isinstance(error, optuna.TrialPruned):
             study.tell(trial, state=TrialState.PRUNED)
             return TrialState.PRUNED
@@ -425,7 +428,7 @@ def _failed_meanwhile(study: optuna.Study, trial: optuna.Trial) -> bool:
     it is neither this launch's failure nor its success (`_tell` and `_fail` return None for it)."""
     from optuna.trial import TrialState
 
-    state = study._storage.get_trial(trial._trial_id).state
+    state = study.get_trials(deepcopy=False)[trial.number].state
     if state == TrialState.RUNNING:
         return False
     log.warning(
@@ -581,12 +584,19 @@ class Heartbeat:
     failed at once (a sweep killed and started again needs no wait)."""
 
     def __init__(
-        self, study: optuna.Study, lock: StudyLock, interval: float, grace_period: float, retries: int
+        self,
+        study: optuna.Study,
+        storage: optuna.storages.BaseStorage,
+        lock: StudyLock,
+        interval: float,
+        grace_period: float,
+        retries: int,
     ) -> None:
-        self.study, self.lock = study, lock
+        self.study, self.storage, self.lock = study, storage, lock  # the storage the study was opened with
         self.interval, self.grace_period, self.retries = interval, grace_period, retries
-        self._mine: dict[int, int] = {}  # trial id -> number, of the trials this launch runs
-        self._seen: dict[int, tuple[Any, float]] = {}  # trial id -> (its last heartbeat, when it changed)
+        self._study_id = storage.get_study_id_from_name(study.study_name)
+        self._mine: dict[int, int] = {}  # trial number -> id, of the trials this launch runs
+        self._seen: dict[int, tuple[Any, float]] = {}  # trial number -> (its last heartbeat, when it changed)
         self.host = socket.gethostname()
         self._guard = threading.Lock()
         self._stop = threading.Event()
@@ -601,18 +611,24 @@ class Heartbeat:
         self._thread.join()
 
     def start_beating(self, trials: list[optuna.Trial]) -> None:
+        ids = {trial.number: self._trial_id(trial.number) for trial in trials}
         with self._guard:
-            self._mine |= {trial._trial_id: trial.number for trial in trials}
-        self._beat([trial._trial_id for trial in trials])
+            self._mine |= ids
+        self._beat(list(ids.values()))
 
     def stop_beating(self, trial: optuna.Trial) -> None:
         with self._guard:
-            self._mine.pop(trial._trial_id, None)
+            self._mine.pop(trial.number, None)
+
+    def _trial_id(self, number: int) -> int:
+        """The storage's id of the study's trial `number` (the storage's methods take ids, which Optuna's
+        trial objects keep private)."""
+        return self.storage.get_trial_id_from_study_id_trial_number(self._study_id, number)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
             with self._guard:
-                mine = list(self._mine)
+                mine = list(self._mine.values())
             try:
                 self._beat(mine)
                 if self._stale():
@@ -624,7 +640,7 @@ class Heartbeat:
     def _beat(self, trial_ids: list[int]) -> None:
         beat = {"time": time.time(), "host": self.host, "pid": os.getpid()}
         for trial_id in trial_ids:
-            self.study._storage.set_trial_system_attr(trial_id, HEARTBEAT, beat)
+            self.storage.set_trial_system_attr(trial_id, HEARTBEAT, beat)
 
     def _stale(self) -> list[tuple[Any, str]]:
         """The study's running trials, other than this launch's, whose launch is gone, each with why: a
@@ -635,14 +651,14 @@ class Heartbeat:
         now, stale = time.monotonic(), []
         with self._guard:
             for trial in running:
-                if trial._trial_id in self._mine:
+                if trial.number in self._mine:
                     continue
                 beat = trial.system_attrs.get(HEARTBEAT) or {}
-                last, since = self._seen.get(trial._trial_id, (None, now))
+                last, since = self._seen.get(trial.number, (None, now))
                 if beat.get("host") == self.host and not _process_exists(beat.get("pid")):
                     stale.append((trial, f"interrupted: its launch (process {beat.get('pid')}) ended"))
-                elif trial._trial_id not in self._seen or beat != last:
-                    self._seen[trial._trial_id] = (beat, now)
+                elif trial.number not in self._seen or beat != last:
+                    self._seen[trial.number] = (beat, now)
                 elif now - since > self.grace_period:
                     host = beat.get("host", "an unknown machine")
                     stale.append(
@@ -656,11 +672,11 @@ class Heartbeat:
         import optuna
         from optuna.trial import TrialState
 
-        storage = self.study._storage
         for trial, why in self._stale():
+            trial_id = self._trial_id(trial.number)
             try:
-                storage.set_trial_user_attr(trial._trial_id, "error", why)
-                if not storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL):
+                self.storage.set_trial_user_attr(trial_id, "error", why)
+                if not self.storage.set_trial_state_values(trial_id, state=TrialState.FAIL):
                     continue
             except optuna.exceptions.UpdateFinishedTrialError:
                 continue  # it ended meanwhile

@@ -10,6 +10,7 @@ or on a cluster, because each job writes only its own file. Kept free of heavy i
 it on every start.
 """
 
+import contextlib
 import csv
 import io
 import json
@@ -51,7 +52,7 @@ class SweepSummary(Callback):
         job_dir = Path(config.hydra.runtime.output_dir)
         result = job_result(config, job_return)
         if result["status"] == "failed":
-            error = job_return._return_value  # the exception (`return_value` would re-raise it)
+            error = job_error(job_return)
             # Into the job's own log file: Hydra keeps a failed job's traceback nowhere else.
             log.error("".join(traceback.format_exception(error)).rstrip())
         elif result["status"] == "pruned":
@@ -88,11 +89,22 @@ def job_result(config: DictConfig, job_return: JobReturn) -> dict[str, Any]:
         value = job_return.return_value
         result["value"] = float(value) if isinstance(value, int | float) else None
     else:
-        error = job_return._return_value
+        error = job_error(job_return)
         # optuna.TrialPruned, named rather than imported: optuna is needed only by Optuna sweeps.
         result["status"] = "pruned" if type(error).__name__ == "TrialPruned" else "failed"
         result["error"] = describe_error(error)
     return result
+
+
+def job_error(job_return: JobReturn) -> BaseException:
+    """The exception a failed job raised: Hydra's `return_value` raises it again, after writing "Error
+    executing job with overrides: [...]" to stderr, which is left out here (the summary says which job)."""
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            job_return.return_value  # noqa: B018 - raises the job's exception
+    except Exception as error:
+        return error
+    raise ValueError(f"the job did not fail (status {job_return.status.name})")
 
 
 def describe_error(error: BaseException) -> str:

@@ -44,6 +44,12 @@ class LRFinder(LearningRateFinder):
         # update_attr=False: Lightning's update looks for a `lr` attribute or hyperparameter and sets only
         # the optimizer's current rate, not the scheduler's; the rate is applied in on_fit_start instead.
         super().__init__(min_lr, max_lr, num_training_steps, mode, early_stop_threshold, update_attr=False)
+        self.search = {
+            "min_lr": min_lr,
+            "max_lr": max_lr,
+            "num_training_steps": num_training_steps,
+            "mode": mode,
+        }
         self.save_dir = Path(save_dir) if save_dir else None
         self.suggestion: float | None = None  # the rate found; in checkpoints, for the run's later attempts
 
@@ -73,7 +79,7 @@ class LRFinder(LearningRateFinder):
         trainer.ckpt_path = None  # the search restored its own temporary checkpoint; this fit resumes none
         if self.optimal_lr is None:  # fast_dev_run: Lightning skipped the search and said so
             return
-        best = steepest_descent(self.optimal_lr.results, self._mode)
+        best = steepest_descent(self.optimal_lr.results, self.search["mode"])
         suggestion = None if best is None else self.optimal_lr.results["lr"][best]
         if suggestion is None:
             log.warning(
@@ -103,10 +109,7 @@ class LRFinder(LearningRateFinder):
         numbers = {
             "suggestion": suggestion,
             "lr_used": optimizer["lr"],
-            "min_lr": self._min_lr,
-            "max_lr": self._max_lr,
-            "num_training_steps": self._num_training_steps,
-            "mode": self._mode,
+            **self.search,
             "lr": results["lr"],
             "loss": results["loss"],  # smoothed, as Lightning records it
         }

@@ -6,7 +6,8 @@ from typing import Any
 
 import lightning as L
 from lightning.pytorch.callbacks import RichProgressBar as LightningRichProgressBar
-from lightning.pytorch.callbacks.progress.rich_progress import _RefreshThread
+
+from src.compat.lightning import wake_refresh_thread
 
 
 class RichProgressBar(LightningRichProgressBar):
@@ -26,20 +27,35 @@ class RichProgressBar(LightningRichProgressBar):
         super().__init__(*args, **kwargs)
         self._drawn_at = float("-inf")
 
-    def _init_progress(self, trainer: L.Trainer) -> None:
-        super()._init_progress(trainer)
+    def _draw_on_the_refresh_thread(self) -> None:
+        """Called after each hook that may have started the display."""
         if self.is_enabled and self.progress is not None:
             self.progress.refresh = self.progress.soft_refresh  # what rich calls after add_task and reset
-            live = self.progress.live
-            if isinstance(live._refresh_thread, _RefreshThread) and not isinstance(
-                live._refresh_thread, _WakingRefreshThread
-            ):
-                live._refresh_thread.stop()  # ends after its current sleep, unjoined (a daemon thread)
-                live._refresh_thread = _WakingRefreshThread(live, live.refresh_per_second)
-                live._refresh_thread.start()
+            wake_refresh_thread(self.progress)
+
+    def on_sanity_check_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_sanity_check_start(trainer, pl_module)
+        self._draw_on_the_refresh_thread()
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_start(trainer, pl_module)
+        self._draw_on_the_refresh_thread()
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_validation_start(trainer, pl_module)
+        self._draw_on_the_refresh_thread()
+
+    def on_test_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_test_start(trainer, pl_module)
+        self._draw_on_the_refresh_thread()
+
+    def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_predict_start(trainer, pl_module)
+        self._draw_on_the_refresh_thread()
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_train_epoch_start(trainer, pl_module)  # draws the new epoch's bar
+        self._draw_on_the_refresh_thread()
         self._drawn_at = time.monotonic()
 
     def on_train_batch_end(
@@ -51,14 +67,3 @@ class RichProgressBar(LightningRichProgressBar):
             return
         self._drawn_at = now
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
-
-
-class _WakingRefreshThread(_RefreshThread):
-    """Lightning's refresh thread, waiting on its stop event instead of sleeping, so stopping it is immediate."""
-
-    def run(self) -> None:
-        while not self.done.wait(1 / self.refresh_per_second):
-            if self.refresh_cond:
-                with self.live._lock:
-                    self.live.refresh()
-                self.refresh_cond = False

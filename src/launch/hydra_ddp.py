@@ -11,10 +11,11 @@ exited with an error, even after the job has ended. Under a sweep the main proce
 trial that failed (or was pruned) in its workers killed the whole sweep.
 
 `install()` makes the launcher build each worker's command from the job's own resolved overrides and
-output directory, and watch the workers with `JobObserver`; `cleanup()` ends a job: it destroys the
-process group (gloo otherwise aborts at exit in some runs), stops the observer, waits for the workers, and
-restores the environment the job started with. `ddp_spawn` starts its workers without re-running the
-script; `SpawnDDPStrategy` gives them the same clean exit.
+output directory, and watch the workers with `WorkerObserver` (Lightning's watcher made stoppable, sparing
+the sweeper's process; src/compat/lightning.py holds it, with the private launcher names it replaces);
+`cleanup()` ends a job: it destroys the process group (gloo otherwise aborts at exit in some runs), stops
+the observer, waits for the workers, and restores the environment the job started with. `ddp_spawn` starts
+its workers without re-running the script; `SpawnDDPStrategy` gives them the same clean exit.
 """
 
 import functools
@@ -28,11 +29,11 @@ import torch.distributed
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from hydra.utils import get_original_cwd
-from lightning.fabric.strategies.launchers import subprocess_script as fabric_launcher
 from lightning.pytorch import Trainer
 from lightning.pytorch.strategies import DDPStrategy
-from lightning.pytorch.strategies.launchers import subprocess_script as pytorch_launcher
 from omegaconf import DictConfig
+
+from src.compat.lightning import WorkerObserver, replace_launcher_functions
 
 # What Lightning's launcher (or torchrun / SLURM) sets for a distributed job.
 DISTRIBUTED_ENV_VARS = ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -83,41 +84,13 @@ def worker_command(script: str, local_rank: int) -> tuple[list[str], str]:
     return command, get_original_cwd()
 
 
-class JobObserver(fabric_launcher._ChildProcessObserver):
-    """Lightning's watcher of the DDP workers, for one job only, and sparing the process that runs a sweep.
-
-    While the job runs, a worker that died makes it kill the others; outside a sweep it also kills this
-    process (Lightning's behaviour: it may be stuck in a collective), inside a sweep it leaves this process
-    to fail the job when its next collective breaks, so the sweep goes on. Once the job has ended
-    (`stop()`), the workers' exit codes are no reason to kill anything.
-    """
-
-    def __init__(self, main_pid: int, child_processes: list[subprocess.Popen]) -> None:
-        super().__init__(main_pid=main_pid, child_processes=child_processes)
-        self._in_sweep = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
-
-    def stop(self) -> None:
-        self._finished = True
-
-    def _run(self) -> bool:
-        return self._finished or super()._run()
-
-    def _terminate_all(self) -> None:
-        if self._finished:
-            return
-        if not self._in_sweep:
-            super()._terminate_all()
-            return
-        for worker in self._child_processes:
-            if worker.poll() is None:
-                worker.send_signal(self._termination_signal)
-
-
-_observers: list[JobObserver] = []
+_observers: list[WorkerObserver] = []
 
 
 def _launch_job_observer(child_processes: list[subprocess.Popen]) -> None:
-    observer = JobObserver(main_pid=os.getpid(), child_processes=child_processes)
+    """Watch one job's workers; inside a sweep, a failed worker fails its job, not the sweeper's process."""
+    in_sweep = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+    observer = WorkerObserver(os.getpid(), child_processes, spare_main_process=in_sweep)
     _observers.append(observer)
     observer.start()
 
@@ -128,16 +101,9 @@ def install(script: str) -> None:
     Every entry point calls this with its own `__file__`; that path, unlike sys.argv, is also right
     inside a launcher plugin's job.
     """
-    # The pytorch launcher imported the functions by name, so both modules need the replacements.
-    for module in (fabric_launcher, pytorch_launcher):
-        for name in ("_hydra_subprocess_cmd", "_launch_process_observer"):
-            if not hasattr(module, name):
-                raise RuntimeError(
-                    f"{module.__name__} has no {name}: this Lightning version changed its DDP launcher; "
-                    "update src/launch/hydra_ddp.py (tested with lightning 2.6)"
-                )
-        module._hydra_subprocess_cmd = functools.partial(worker_command, str(Path(script).resolve()))
-        module._launch_process_observer = _launch_job_observer
+    replace_launcher_functions(
+        functools.partial(worker_command, str(Path(script).resolve())), _launch_job_observer
+    )
 
 
 def snapshot_env() -> dict[str, str | None]:

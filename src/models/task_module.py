@@ -34,6 +34,13 @@ NORMS = (
     nn.SyncBatchNorm,
     nn.InstanceNorm1d,
     nn.InstanceNorm2d,
+    nn.InstanceNorm3d,
+    nn.LazyBatchNorm1d,
+    nn.LazyBatchNorm2d,
+    nn.LazyBatchNorm3d,
+    nn.LazyInstanceNorm1d,
+    nn.LazyInstanceNorm2d,
+    nn.LazyInstanceNorm3d,
 )
 
 
@@ -179,7 +186,10 @@ class TaskModule(L.LightningModule):
         # its answer goes into checkpoints, with the datamodule's class, which an error can then name. A
         # datamodule without the method (any LightningDataModule) is recorded as one that does not know:
         # input files are then refused, not guessed.
-        datamodule = self.trainer.datamodule if self._trainer is not None else None
+        try:
+            datamodule = self.trainer.datamodule
+        except RuntimeError:  # not attached to a Trainer
+            datamodule = None
         if datamodule is not None:
             known = getattr(datamodule, "inference_preprocessing", lambda: None)()
             owner = f"{type(datamodule).__module__}.{type(datamodule).__qualname__}"

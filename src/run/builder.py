@@ -29,6 +29,7 @@ from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
+from src.compat.lightning import saves_within_epochs
 from src.launch import environment, hydra_ddp
 from src.run import preflight
 from src.run import record as run_record
@@ -183,7 +184,7 @@ def idle_batch_hooks(callback: L.Callback, trainer: L.Trainer) -> set[str]:
     """The per-batch hooks of `callback` that cannot do anything in this run: those it does not implement,
     and those its settings leave idle (a callback of the template says which in `idle_batch_hooks`)."""
     idle = {hook for hook in BATCH_HOOKS if getattr(type(callback), hook) is getattr(L.Callback, hook)}
-    if isinstance(callback, ModelCheckpoint) and not _saves_within_epochs(callback):
+    if isinstance(callback, ModelCheckpoint) and not saves_within_epochs(callback):
         idle.add("on_train_batch_end")  # it saves after validation or at epoch ends only
     if isinstance(callback, LearningRateMonitor) and callback.logging_interval == "epoch":
         idle.add("on_train_batch_start")  # it logs at epoch starts only
@@ -191,11 +192,6 @@ def idle_batch_hooks(callback: L.Callback, trainer: L.Trainer) -> set[str]:
     if callable(declared):
         idle |= set(declared(trainer))
     return idle
-
-
-def _saves_within_epochs(checkpoint: ModelCheckpoint) -> bool:
-    """Whether a ModelCheckpoint also saves every N steps or minutes (Lightning keeps both settings private)."""
-    return checkpoint._every_n_train_steps > 0 or checkpoint._train_time_interval is not None
 
 
 def instantiate_group(group: DictConfig | None, kind: str) -> list[Any]:

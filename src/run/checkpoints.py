@@ -6,10 +6,9 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+import fsspec
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
-from lightning.fabric.strategies.fsdp import _is_sharded_checkpoint
-from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -25,7 +24,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None
     ) -> None:
-        if storage_options is not None or not _is_local_file_protocol(path):
+        if storage_options is not None or fsspec.utils.get_protocol(str(path)) != "file":
             super().save_checkpoint(checkpoint, path, storage_options)  # remote storage: fsspec's transaction
             return
         path = Path(path)
@@ -51,7 +50,7 @@ def check_checkpoint(path: str | None, key: str = "ckpt_path") -> Path:
         raise FileNotFoundError(
             f"{key}={path} does not exist; runs keep theirs in logs/train/runs/<run>/checkpoints/"
         )
-    if _is_sharded_checkpoint(file):  # trainer=fsdp with state_dict_type=sharded saves directories
+    if is_sharded_checkpoint(file):
         return file
     if not file.is_file():
         raise IsADirectoryError(
@@ -67,6 +66,12 @@ def check_checkpoint(path: str | None, key: str = "ckpt_path") -> Path:
             f"{key}={path} is not a checkpoint (torch.save writes a zip archive; this file is not one)"
         )
     return file
+
+
+def is_sharded_checkpoint(path: Path) -> bool:
+    """Whether `path` is a checkpoint of FSDP shards: `trainer=fsdp` with `state_dict_type=sharded` saves a
+    directory of shards, with Lightning's `meta.pt` (the loops' and callbacks' state) beside them."""
+    return path.is_dir() and (path / "meta.pt").is_file()
 
 
 def load_checkpoint(path: str | Path, key: str = "ckpt_path") -> dict[str, Any]:
@@ -88,7 +93,7 @@ def load_checkpoint(path: str | Path, key: str = "ckpt_path") -> dict[str, Any]:
 
 def check_fits(model: torch.nn.Module, path: str | Path, key: str = "ckpt_path") -> None:
     """Refuse a checkpoint whose weights do not fit `model`, naming every tensor that differs."""
-    if _is_sharded_checkpoint(Path(path)):
+    if is_sharded_checkpoint(Path(path)):
         return  # FSDP shards: the strategy checks them as it loads them
     state = load_checkpoint(path, key).get("state_dict")
     if state is None:

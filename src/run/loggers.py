@@ -2,33 +2,28 @@
 
 import csv
 
-from lightning.fabric.loggers.logger import rank_zero_experiment
+from lightning.fabric.utilities.cloud_io import get_filesystem
+from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.loggers import CSVLogger as LightningCSVLogger
-from lightning.pytorch.loggers.csv_logs import ExperimentWriter
-
-
-class _AppendingWriter(ExperimentWriter):
-    """Keeps the columns already in the file when a new metric adds one.
-
-    Lightning's writer rewrites the header with only the columns it has seen itself. Under ddp_spawn the
-    fit and the test stages run in different worker processes, so the test stage rewrote the fit's file
-    with its own columns and failed ("dict contains fields not in fieldnames").
-    """
-
-    def _rewrite_with_new_header(self, fieldnames: list[str]) -> None:
-        with self._fs.open(self.metrics_file_path, "r", newline="") as file:
-            columns = next(csv.reader(file), [])
-        self.metrics_keys[:] = sorted(set(fieldnames) | set(columns))  # save() appends with these
-        super()._rewrite_with_new_header(self.metrics_keys)
 
 
 class CSVLogger(LightningCSVLogger):
-    """`lightning.pytorch.loggers.CSVLogger` (same arguments and files) with the appending writer above."""
+    """`lightning.pytorch.loggers.CSVLogger` (same arguments and files), keeping the columns already in
+    metrics.csv when a new metric adds one.
 
-    @property
-    @rank_zero_experiment
-    def experiment(self) -> ExperimentWriter:
-        if self._experiment is None:
-            self._fs.makedirs(self.root_dir, exist_ok=True)
-            self._experiment = _AppendingWriter(log_dir=self.log_dir)
-        return self._experiment
+    Lightning's writer rewrites the header with only the columns it has seen itself. Under ddp_spawn the
+    fit and the test stages run in different worker processes, each with a copy of the writer made before
+    either wrote, so the test stage rewrote the fit's file with its own columns and failed ("dict contains
+    fields not in fieldnames"). Here the writer learns the file's columns before it saves.
+    """
+
+    @rank_zero_only
+    def save(self) -> None:
+        writer = self.experiment
+        filesystem = get_filesystem(writer.metrics_file_path)
+        if writer.metrics and filesystem.isfile(writer.metrics_file_path):
+            with filesystem.open(writer.metrics_file_path, "r", newline="") as file:
+                columns = next(csv.reader(file), [])
+            if not set(columns) <= set(writer.metrics_keys):
+                writer.metrics_keys[:] = sorted(set(writer.metrics_keys) | set(columns))
+        super().save()

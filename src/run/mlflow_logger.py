@@ -41,13 +41,12 @@ class MLFlowLogger(LightningMLFlowLogger):
                 artifact_location=artifact_location,
                 **kwargs,
             )
-            if (
-                database is not None
-                and rank_zero_only.rank == 0
-                and kwargs.get("run_id") is None
-                and self._mlflow_client.get_experiment_by_name(experiment_name) is None
-            ):
-                self._mlflow_client.create_experiment(experiment_name, artifact_location=artifact_location)
+            if database is not None and rank_zero_only.rank == 0 and kwargs.get("run_id") is None:
+                from mlflow.tracking import MlflowClient  # what Lightning's logger talks to the store with
+
+                client = MlflowClient(tracking_uri)
+                if client.get_experiment_by_name(experiment_name) is None:
+                    client.create_experiment(experiment_name, artifact_location=artifact_location)
 
 
 def sqlite_file(tracking_uri: str | None) -> Path | None:

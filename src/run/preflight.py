@@ -15,16 +15,26 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from hydra.utils import get_class
-from lightning.fabric.plugins.precision.precision import (
-    _PRECISION_INPUT_STR,
-    _PRECISION_INPUT_STR_ALIAS_CONVERSION,
-)
+from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import LearningRateFinder, ModelCheckpoint, WeightAveraging
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from src.compat.lightning import PRECISION_ALIASES
 from src.launch import environment
 
-PRECISIONS = get_args(_PRECISION_INPUT_STR)  # "32-true", "16-mixed", "bf16-mixed", "bf16-true", ...
+
+def _literal_values(annotation: Any) -> list[Any]:
+    if typing.get_origin(annotation) is typing.Literal:
+        return list(get_args(annotation))
+    return [value for arg in get_args(annotation) for value in _literal_values(arg)]
+
+
+# The precisions Trainer's signature names: "32-true", "16-mixed", "bf16-mixed", "bf16-true", ...
+PRECISIONS = tuple(
+    value
+    for value in _literal_values(inspect.signature(Trainer).parameters["precision"].annotation)
+    if isinstance(value, str) and value not in PRECISION_ALIASES
+)
 
 # Strategies Lightning runs on CUDA GPUs only, by the prefix of their registered name or class.
 GPU_ONLY_STRATEGIES = {"fsdp": "trainer=fsdp", "deepspeed": "trainer=deepspeed"}
@@ -264,7 +274,7 @@ def resolved_accelerator(accelerator: Any) -> str:
 def check_trainer(trainer: DictConfig) -> None:
     """Precision, accelerator, devices and strategy: valid values, and combinations that can run here."""
     requested = str(trainer.get("precision", "32-true"))
-    precision = _PRECISION_INPUT_STR_ALIAS_CONVERSION.get(requested, requested)
+    precision = PRECISION_ALIASES.get(requested, requested)
     if precision not in PRECISIONS:
         raise ValueError(
             f"trainer.precision={requested} is not a precision; choose one of 32, 64, {', '.join(PRECISIONS)}"
