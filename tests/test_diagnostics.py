@@ -20,7 +20,8 @@ NEEDED = {
     "rich_progress_bar",
     "training_guards",
 }
-DIAGNOSTICS = ("throughput", "histograms", "prediction_pictures", "segmentation_pictures", "model_summary")
+DIAGNOSTICS = ["throughput", "histograms", "prediction_pictures", "model_summary"]
+DIAGNOSTICS.append("segmentation_pictures")  # [part: segmentation]
 
 
 def test_the_default_callbacks_are_those_a_run_needs(compose_cfg):

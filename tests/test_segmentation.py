@@ -109,6 +109,7 @@ def test_data_and_model_of_different_tasks_are_refused_before_training(tmp_path:
     ) in result.stderr
 
 
+# part: diagnostics
 def test_a_classification_only_callback_is_left_out_of_a_segmentation_run_with_one_line(
     tmp_path: Path, data_dir: Path
 ):
@@ -119,6 +120,9 @@ def test_a_classification_only_callback_is_left_out_of_a_segmentation_run_with_o
     assert result.returncode == 0, result.stderr[-3000:]
     left_out = "PredictionPictures fits classification models, not segmentation: it is left out of this run"
     assert (result.stdout + result.stderr).count(left_out) == 1
+
+
+# /part
 
 
 def test_the_first_loss_check_expects_ln_num_classes_per_pixel_plus_the_dice_loss(
