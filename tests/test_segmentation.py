@@ -13,7 +13,8 @@ from src.data.digit_scenes_datamodule import CLASS_NAMES, DigitScenesDataModule,
 from src.models.components.torchvision_segmentation import TorchvisionSegmentation  # [part: pretrained]
 from src.models.components.unet import UNet
 from src.models.segmenter_module import SegmenterModule
-from tests.conftest import ONE_BATCH, SMALL_SCENES, last_metrics, only_run_dir, run_cli
+from tests import conftest  # [part: diagnostics]
+from tests.conftest import SMALL_SCENES, last_metrics, only_run_dir, run_cli
 
 
 def scenes_module(data_dir: Path, **settings) -> DigitScenesDataModule:
@@ -114,7 +115,8 @@ def test_a_classification_only_callback_is_left_out_of_a_segmentation_run_with_o
     tmp_path: Path, data_dir: Path
 ):
     result = run_cli(
-        "train", "experiment=segment_digits", *SMALL_SCENES, *ONE_BATCH, "callbacks=[default,prediction_pictures]",
+        "train", "experiment=segment_digits", *SMALL_SCENES, *conftest.ONE_BATCH,
+        "callbacks=[default,prediction_pictures]",
         log_dir=tmp_path, data_dir=data_dir,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
