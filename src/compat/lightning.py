@@ -28,14 +28,14 @@ release breaks it (the weekly CI job against the newest Lightning is there to no
   `precision.py`.
 - `_every_n_train_steps` and `_train_time_interval` of `ModelCheckpoint`: src/run/builder.py lets
   Lightning skip the checkpoint's batch hook when it saves only at epoch ends (`saves_within_epochs`); its
-  idle hooks cost the MLP benchmark case 2-3.5 % of a step (docs/maintainers/performance.md). No
+  idle hooks cost the MLP benchmark case a few percent of a step (make bench). No
   upstream issue: the constructor's settings have no public accessor. When it breaks: the attribute error
   names them; read the new names in `model_checkpoint.py`.
-- `_average_model` and `_latest_update_step` of `WeightAveraging`: src/callbacks/ema.py makes the update of
-  the step a checkpoint is saved in before it is written, and knows when validation swapped the average in.
-  No public accessor exists (Lightning 2.6). ema.py reads them itself, allowed by name in
-  tests/test_public_api.py. When it breaks: tests/test_ema_and_lr_finder.py fails; read the new attribute
-  names in `weight_averaging.py`.
+- `_average_model` and `_latest_update_step` of `WeightAveraging`: the moving-average callback makes the
+  update of the step a checkpoint is saved in before it is written, and knows when validation swapped the
+  average in. No public accessor exists (Lightning 2.6). The callback reads them itself, allowed by name in
+  tests/test_public_api.py. When it breaks: the callback's tests fail; read the new attribute names in
+  `weight_averaging.py`.
 """
 
 import subprocess

@@ -55,7 +55,7 @@ _PARENT_ONLY_HYDRA_OVERRIDES = (
 def _config_location_args(hydra_cfg: DictConfig) -> list[str]:
     """`--config-name`, `--config-path` and `--config-dir` flags that find the job's configs again.
 
-    Read from the job's own Hydra config, not from sys.argv: inside a launcher plugin's job (submitit) the
+    Read from the job's own Hydra config, not from sys.argv: inside a launcher plugin's job (a cluster's) the
     command line is the plugin's.
     """
     args = [f"--config-name={hydra_cfg.job.config_name}"]

@@ -39,8 +39,8 @@ def if_rank_zero(value: Any, otherwise: Any = None) -> Any:
 def sweep_group() -> str | None:
     """The name of the sweep a multirun job belongs to (its sweep dir's name), None outside a multirun.
 
-    Loggers group a sweep's runs by it (wandb's `group`): a timestamp for a grid sweep, the study name for
-    an Optuna search.
+    Loggers group a sweep's runs by it (wandb's `group`): a timestamp for a grid sweep, the study's name for
+    a search that stores one.
     """
     if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
         return None

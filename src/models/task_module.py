@@ -2,12 +2,11 @@
 
 A task module subclasses `TaskModule` and says three things for training: how a batch becomes a loss,
 predictions and targets (`step`), which metrics each stage tracks (`stage_metrics`), and what a prediction is
-(`predict_step`). For `src/predict.py` and `src/export.py` it says two more: how its predictions are written
-(`prediction_writer`, returning a `PredictionWriter`: src/inference/predictions.py) and what its net's
-output means in an export (`output_description`); a module without them trains and evaluates, and predict or
-export name the missing method. Everything else is here: the net, optimizer and scheduler built from configs kept as plain data,
-torch.compile and channels-last, a loss mean and the metrics per stage, updated each step and logged once an
-epoch, their states in checkpoints, and the best value so far of the watched metric.
+(`predict_step`). A project that predicts and exports asks two more of it: how its predictions are written,
+and what its net's output means in an export; a module without them trains and evaluates. Everything else is
+here: the net, optimizer and scheduler built from configs kept as plain data, torch.compile and channels-last,
+a loss mean and the metrics per stage, updated each step and logged once an epoch, their states in
+checkpoints, and the best value so far of the watched metric.
 """
 
 import logging
@@ -115,7 +114,7 @@ class TaskModule(L.LightningModule):
             raise ValueError(
                 f"model.freeze_backbone_epochs={freeze_backbone_epochs} and model.backbone_lr_scale="
                 f"{backbone_lr_scale} need a net that says which part is its head; {type(self.net).__name__} "
-                "does not (model/net=timm and model/net=torchvision do): leave them at 0 and 1"
+                "does not (it has no head_module()): leave them at 0 and 1"
             )
         self.backbone_frozen = False
         # One metric object per stage and name (`train_loss`, `val_acc`, ...): torchmetrics keeps their states
@@ -307,7 +306,7 @@ class TaskModule(L.LightningModule):
     def on_test_epoch_end(self) -> None:
         self._log_stage("test")
 
-    # --- fine-tuning: a frozen backbone at first, a slower one after (nets with head_module(): timm, torchvision) ---
+    # --- fine-tuning: a frozen backbone at first, a slower one after (nets with a head_module()) ---
 
     def on_train_start(self) -> None:
         # Also here, not only at each epoch's start: a run resumed mid-epoch skips that hook, and must land

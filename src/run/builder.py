@@ -121,7 +121,7 @@ def check_same_task(model: L.LightningModule, datamodule: L.LightningDataModule 
         raise ValueError(
             f"the data ({type(datamodule).__name__}) gives {data_task} samples but the model "
             f"({type(model).__name__}) is a {model_task} model; choose a model option for {data_task} "
-            "(model=classifier, model=segmenter) or other data"
+            "(its model= option) or other data"
         )
 
 
@@ -251,7 +251,7 @@ def recorded(run: Run, resume: Resume | None) -> Iterator[None]:
 
 def callback_entries(run: Run) -> dict[str, Any]:
     """What the run's callbacks add to run.json when it ends: a callback with a `run_record()` method returns
-    its entries (the lr_finder's suggestion)."""
+    its entries (a learning-rate search's suggestion)."""
     entries: dict[str, Any] = {}
     for callback in run.trainer.callbacks if run.trainer is not None else []:
         if callable(getattr(callback, "run_record", None)):

@@ -50,7 +50,7 @@ def check_run(cfg: DictConfig) -> None:
     ):
         raise ValueError(
             f"run_name={cfg.run_name} names one run, but this is a sweep (-m), whose jobs go to numbered "
-            "directories; drop run_name (an Optuna study continues by its hydra.sweeper.study_name)"
+            "directories; drop run_name"
         )
     if "trainer" in cfg:
         check_trainer(cfg.trainer)  # first: its messages are more specific than the type check's

@@ -1,4 +1,4 @@
-"""Datasets held as tensors, served a whole batch at a time (in_memory_datamodule.py, digit_scenes_datamodule.py)."""
+"""Datasets held as tensors, served a whole batch at a time (in_memory_datamodule.py and those built on it)."""
 
 import torch
 from torch import Tensor
