@@ -489,6 +489,23 @@ def test_copier_update_brings_template_changes_and_keeps_the_projects_readme(tem
     assert readme.startswith("# Cell counting\n") and readme.endswith("Our lab's notes.\n")
     assert not (project / "scripts" / "project_readme.md").exists()
 
+    # A part left out at first comes in later with the same command (docs/tutorial.md, "day one").
+    subprocess.run([*git, "commit", "--quiet", "-am", "updated"], cwd=project, check=True)
+    assert not (project / "src" / "predict.py").exists()
+    add = subprocess.run(
+        [BIN / "copier", "update", "--trust", "--defaults", "--data", 'parts=["segmentation","predict"]'],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert add.returncode == 0, add.stdout + add.stderr
+    assert (project / "src" / "predict.py").exists() and (project / "src" / "inference" / "tasks.py").exists()
+    assert (project / "src" / "inference" / "segmentation_predictions.py").exists()  # with segmentation
+    assert "def prediction_writer(" in (project / "src" / "models" / "classifier_module.py").read_text()
+    assert "-predict = " in (project / "pyproject.toml").read_text()
+    assert (project / "README.md").read_text().endswith("Our lab's notes.\n")
+
 
 @pytest.mark.parametrize(
     ("args", "message"),
