@@ -30,7 +30,13 @@ from typing import Any, NamedTuple
 
 from omegaconf import DictConfig, OmegaConf
 
-from hydra_plugins.sweep_summary import MODES, REPLICATE_KEYS, RESULT_FILE, format_table, group_variants
+from hydra_plugins.sweep_summary.summary import (
+    MODES,
+    REPLICATE_KEYS,
+    RESULT_FILE,
+    format_table,
+    group_variants,
+)
 from src.run.extras import apply_extras
 from src.run.record import RECORD_FILE, flatten
 

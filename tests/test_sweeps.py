@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hydra_plugins.sweep_summary import write_summary
+from hydra_plugins.sweep_summary.summary import write_summary
 from tests.conftest import ONE_BATCH, last_metrics, run_cli, wandb_run
 
 DIGITS_MLP = ["data=digits", "model/net=mlp", "trainer.max_epochs=1"]

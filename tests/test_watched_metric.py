@@ -17,7 +17,7 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig
 from optuna.study import StudyDirection  # [part: optuna]
 
-from hydra_plugins.sweep_summary import write_summary
+from hydra_plugins.sweep_summary.summary import write_summary
 from src.models.classifier_module import ClassifierModule
 from src.run import preflight
 from tests.conftest import CONFIG_DIR, run_cli

@@ -43,7 +43,7 @@ from hydra.types import HydraContext, RunMode, TaskFunction
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from hydra_plugins.sweep_summary import describe_error, job_error
+from hydra_plugins.sweep_summary.callback import describe_error, job_error
 
 if TYPE_CHECKING:  # optuna is imported where it is used: every Hydra start imports this module
     import optuna
