@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT
+from tests.test_project import tracked_files
 
 PARTS_FILE = ROOT / "scripts" / "parts.yaml"
 # Only the template has the manifest: a generated project's parts were chosen when it was made.
@@ -33,17 +34,6 @@ def load_script(name: str):
 
 
 new_project = load_script("new_project")
-
-
-def tracked_files() -> list[str]:
-    listed = subprocess.run(
-        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return [name for name in listed.stdout.splitlines() if (ROOT / name).is_file()]
 
 
 # --- the manifest -------------------------------------------------------------------------------------------
