@@ -15,8 +15,8 @@ CONFIG_DIR = str(Path(__file__).resolve().parents[1] / "configs")
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="report")
 def main(cfg: DictConfig) -> None:
     # Imported here, so that `--help` and `--cfg job` answer at once. The report reads files only: it imports
-    # neither torch nor Lightning, so it lives in src/reports.py, not with the other tasks in src/tasks.py.
-    from src.reports import report
+    # neither torch nor Lightning, so its code is src/run_comparison.py, not with the tasks in src/tasks.py.
+    from src.run_comparison import report
 
     report(cfg)
 

@@ -247,12 +247,12 @@ def test_the_reference_check_finds_what_a_project_lacks(template_copy: Path, tmp
     project = generate(template_copy, tmp_path / "project", "")
     (project / "src" / "extra.py").write_text("import optuna\nfrom src.inference.tasks import predict\n")
     (project / "configs" / "extra.yaml").write_text(
-        "defaults:\n  - callbacks: ema\n# part: optuna\nx:\n  _target_: src.reports.report\n"
+        "defaults:\n  - callbacks: ema\n# part: optuna\nx:\n  _target_: src.run_comparison.report\n"
     )
     assert missing_references(project, set()) == [
         "src/extra.py:1: imports optuna, which only a left-out part needs",
         "src/extra.py:2: imports src.inference.tasks.predict, which the project does not have",
-        "configs/extra.yaml: _target_ src.reports.report: no such module",
+        "configs/extra.yaml: _target_ src.run_comparison.report: no such module",
         "configs/extra.yaml: defaults name callbacks=ema, which the project does not have",
         "configs/extra.yaml: a part marker was left",
     ]

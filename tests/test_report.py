@@ -187,7 +187,7 @@ def test_bad_runs_and_metrics_fail_in_one_line_before_anything_is_written(
 
 def test_what_runs_and_metrics_mean_and_the_rest_of_bad_input(digits_run: Path, tmp_path: Path):
     """The same functions as the command line, called directly (milliseconds instead of a process each)."""
-    from src.reports import chosen_metrics, find_runs, metric_modes
+    from src.run_comparison import chosen_metrics, find_runs, metric_modes
 
     with pytest.raises(ValueError, match=r"^runs= is empty; give run dirs, sweep or study dirs, or globs"):
         find_runs([], tmp_path)
