@@ -14,7 +14,7 @@ from hydra.utils import instantiate
 from torch.utils.data import Dataset, Subset, TensorDataset
 
 from src.data.datamodule import DataModule
-from src.run.preprocessing import follow_the_weights
+from src.run.preprocessing import follow_the_weights  # [part: folders]
 from tests.conftest import CONFIG_DIR
 
 DIGITS = ["data=digits", "data.loading=samples"]  # samples: the splits stay Subsets, whose indices we compare
@@ -23,7 +23,7 @@ DIGITS = ["data=digits", "data.loading=samples"]  # samples: the splits stay Sub
 def datamodule(compose_cfg, *overrides: str) -> DataModule:
     """The datamodule of `python src/train.py <overrides>`, set up for fit."""
     cfg = compose_cfg("train", list(overrides))
-    follow_the_weights(cfg)
+    follow_the_weights(cfg)  # [part: folders]
     dm = instantiate(cfg.data, _convert_="all")
     dm.setup("fit")
     return dm

@@ -21,7 +21,7 @@ from src.models.classifier_module import ClassifierModule
 from src.models.components.timm_net import TimmNet
 from src.models.components.torchvision_net import TorchvisionNet
 from src.models.components.warmup_cosine import WarmupCosine
-from src.models.task_module import NORMS
+from src.models.finetuning import NORMS, parameter_groups
 from src.run import preflight
 from tests.conftest import cli_command, cli_env, only_run_dir, run_cli
 
@@ -143,7 +143,7 @@ def test_a_frozen_backbone_keeps_every_tensor_and_norm_statistic_until_it_is_unf
 
 def test_parameter_groups_name_the_backbone_and_head_and_spare_biases_and_norms_the_decay():
     module = finetuning_module(backbone_lr_scale=0.1)
-    groups = {group["name"]: group for group in module.parameter_groups()}
+    groups = {group["name"]: group for group in parameter_groups(module)}
     assert set(groups) == {"backbone", "backbone_no_decay", "head", "head_no_decay"}
     assert groups["backbone"]["lr_scale"] == 0.1 and "lr_scale" not in groups["head"]
     no_decay = [p for name in ("backbone_no_decay", "head_no_decay") for p in groups[name]["params"]]
@@ -154,7 +154,7 @@ def test_parameter_groups_name_the_backbone_and_head_and_spare_biases_and_norms_
     assert module.net.head_module().bias in groups["head_no_decay"]["params"]
     every = {
         g["name"]
-        for g in finetuning_module(backbone_lr_scale=0.1, decay_norm_and_bias=True).parameter_groups()
+        for g in parameter_groups(finetuning_module(backbone_lr_scale=0.1, decay_norm_and_bias=True))
     }
     assert every == {"backbone", "head"}
 

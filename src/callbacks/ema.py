@@ -7,9 +7,12 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import WeightAveraging
+from lightning.pytorch.callbacks import ModelCheckpoint, WeightAveraging
 from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy, ModelParallelStrategy
 from lightning.pytorch.trainer.states import TrainerFn
+from omegaconf import DictConfig
+
+from src.run.preflight import target_class
 
 SHARDING = (FSDPStrategy, DeepSpeedStrategy, ModelParallelStrategy)  # strategies that may shard the weights
 
@@ -48,6 +51,22 @@ class EMA(WeightAveraging):
     """
 
     _swapped = False  # whether validation has swapped the average into the module
+
+    @staticmethod
+    def check_config(cfg: DictConfig, key: str) -> None:
+        """Refuse a weights-only checkpoint, which Lightning saves without asking callbacks: it would hold the raw
+        weights (preflight runs this before anything is instantiated)."""
+        for name, conf in cfg.callbacks.items():
+            if (
+                isinstance(conf, DictConfig)
+                and issubclass(target_class(conf), ModelCheckpoint)
+                and conf.get("save_weights_only")
+            ):
+                raise ValueError(
+                    f"{key} puts the averaged weights into checkpoints, but with "
+                    f"callbacks.{name}.save_weights_only=true Lightning saves them without asking callbacks, "
+                    f"so they would hold the raw weights; keep callbacks.{name}.save_weights_only=false"
+                )
 
     def __init__(
         self,

@@ -7,7 +7,12 @@ from typing import Any
 
 import lightning as L
 import torch
+from hydra.core.hydra_config import HydraConfig
 from lightning.pytorch.callbacks import LearningRateFinder
+from omegaconf import DictConfig, ListConfig
+
+from src.launch import environment
+from src.run.preflight import GPU_ONLY_STRATEGIES, resolved_accelerator, strategy_name
 
 log = logging.getLogger(__name__)
 
@@ -25,8 +30,22 @@ class LRFinder(LearningRateFinder):
     A fit resumed from a checkpoint does not search again: the checkpoint's optimizer already trains with the
     rate found, and a new search there would replace the state it resumes from. With too few steps for a
     suggestion (or under fast_dev_run, where Lightning skips the search) the configured rate stays. One process
-    only: src/run/preflight.py refuses it under DDP before the run starts.
+    only: `check_config` refuses it under DDP before the run starts.
     """
+
+    @staticmethod
+    def check_config(cfg: DictConfig, key: str) -> None:
+        """Refuse a run in several processes (preflight runs this before anything is instantiated)."""
+        settings = distributed_settings(cfg.trainer) if "trainer" in cfg else []
+        if settings:
+            choice = HydraConfig.get().runtime.choices.get("trainer") if HydraConfig.initialized() else None
+            preset = f"trainer={choice}: " if choice not in (None, "default") else ""
+            name = key.rsplit(".", 1)[-1]
+            raise ValueError(
+                f"{key} finds the learning rate in one process, but this run trains in several "
+                f"({preset}{', '.join(settings)}); find the rate in a one-device run (trainer=cpu or "
+                f"trainer=gpu), then train with model.optimizer.lr=<its suggestion> and without {name}"
+            )
 
     def __init__(
         self,
@@ -124,6 +143,26 @@ class LRFinder(LearningRateFinder):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.suggestion = state_dict.get("suggestion")
+
+
+def distributed_settings(trainer: DictConfig) -> list[str]:
+    """The settings that make the Trainer train in several processes (an empty list: one process)."""
+    strategy, devices = trainer.get("strategy", "auto"), trainer.get("devices", "auto")
+    count = len(devices) if isinstance(devices, ListConfig | list) else devices
+    if count in ("auto", -1) and resolved_accelerator(trainer.get("accelerator", "auto")) == "cuda":
+        count = torch.cuda.device_count()
+    settings = []
+    name = strategy_name(strategy)
+    if "ddp" in name or name.startswith(tuple(GPU_ONLY_STRATEGIES)):
+        shown = strategy["_target_"] if isinstance(strategy, DictConfig) else strategy
+        settings.append(f"trainer.strategy={shown}")
+    if count == -1 or (isinstance(count, int) and count > 1):
+        settings.append(f"trainer.devices={devices}")
+    if trainer.get("num_nodes", 1) > 1:
+        settings.append(f"trainer.num_nodes={trainer.num_nodes}")
+    if environment.torchrun_world_size() > 1:
+        settings.append(f"torchrun with {environment.torchrun_world_size()} processes")
+    return settings
 
 
 def steepest_descent(

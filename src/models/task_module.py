@@ -9,7 +9,6 @@ a loss mean and the metrics per stage, updated each step and logged once an epoc
 checkpoints, and the best value so far of the watched metric.
 """
 
-import logging
 from pathlib import Path  # [part: predict]
 from typing import Any
 
@@ -17,30 +16,13 @@ import hydra
 import lightning as L
 import torch
 from omegaconf import DictConfig, OmegaConf
-from torch import Tensor, nn
+from torch import Tensor
 from torchmetrics import MaxMetric, MeanMetric, Metric, MinMetric
 
 from src.common.classes import names_or_indices
-
-log = logging.getLogger(__name__)
+from src.models import finetuning  # [part: pretrained]
 
 STAGES = ("train", "val", "test")
-# The normalisation layers with running statistics, which a frozen backbone keeps in eval mode.
-NORMS = (
-    nn.BatchNorm1d,
-    nn.BatchNorm2d,
-    nn.BatchNorm3d,
-    nn.SyncBatchNorm,
-    nn.InstanceNorm1d,
-    nn.InstanceNorm2d,
-    nn.InstanceNorm3d,
-    nn.LazyBatchNorm1d,
-    nn.LazyBatchNorm2d,
-    nn.LazyBatchNorm3d,
-    nn.LazyInstanceNorm1d,
-    nn.LazyInstanceNorm2d,
-    nn.LazyInstanceNorm3d,
-)
 
 
 def plain(config: Any) -> Any:
@@ -63,6 +45,7 @@ class TaskModule(L.LightningModule):
     """
 
     task = "any"  # the kind of task, for callbacks that fit only some (classification, segmentation)
+    check_config = staticmethod(finetuning.check_config)  # [part: pretrained]
 
     def __init__(
         self,
@@ -75,21 +58,10 @@ class TaskModule(L.LightningModule):
         preprocessing: dict | None = None,
         monitor: str = "val/loss",
         mode: str = "min",
-        freeze_backbone_epochs: int = 0,
-        backbone_lr_scale: float = 1.0,
-        decay_norm_and_bias: bool = False,
         **task_hparams: Any,
     ) -> None:
         if mode not in ("max", "min"):
             raise ValueError(f"mode={mode} is not valid; choose max or min")
-        if freeze_backbone_epochs < 0:
-            raise ValueError(
-                f"model.freeze_backbone_epochs={freeze_backbone_epochs} must be 0 (never frozen) or more"
-            )
-        if backbone_lr_scale < 0:
-            raise ValueError(
-                f"model.backbone_lr_scale={backbone_lr_scale} must be 0 or more (1: the head's rate)"
-            )
         super().__init__()
         self.save_hyperparameters(
             {
@@ -102,21 +74,12 @@ class TaskModule(L.LightningModule):
                 "preprocessing": plain(preprocessing),
                 "monitor": monitor,
                 "mode": mode,
-                "freeze_backbone_epochs": freeze_backbone_epochs,
-                "backbone_lr_scale": backbone_lr_scale,
-                "decay_norm_and_bias": decay_norm_and_bias,
                 **{name: plain(value) for name, value in task_hparams.items()},
             },
             logger=False,  # the builder logs the whole resolved run config instead
         )
         self.net = hydra.utils.instantiate(self.hparams.net)
-        if (freeze_backbone_epochs or backbone_lr_scale != 1) and not hasattr(self.net, "head_module"):
-            raise ValueError(
-                f"model.freeze_backbone_epochs={freeze_backbone_epochs} and model.backbone_lr_scale="
-                f"{backbone_lr_scale} need a net that says which part is its head; {type(self.net).__name__} "
-                "does not (it has no head_module()): leave them at 0 and 1"
-            )
-        self.backbone_frozen = False
+        finetuning.check(self.net, self.hparams)  # [part: pretrained]
         # One metric object per stage and name (`train_loss`, `val_acc`, ...): torchmetrics keeps their states
         # apart and syncs them across ranks. No NaN check in the loss means: it would read the value back to the
         # host every step (a GPU sync); the training_guards callback stops on a NaN loss instead.
@@ -267,7 +230,6 @@ class TaskModule(L.LightningModule):
         # A new epoch's means start empty. (Lightning skips this hook when it resumes in the middle of an
         # epoch, where the checkpointed states hold that epoch's first part.)
         self._reset("train")
-        self._set_backbone_frozen(self.current_epoch < self.hparams.freeze_backbone_epochs)
 
     def training_step(self, batch: Any, batch_idx: int) -> Tensor:
         loss, preds, targets = self.step(batch)
@@ -306,67 +268,18 @@ class TaskModule(L.LightningModule):
     def on_test_epoch_end(self) -> None:
         self._log_stage("test")
 
-    # --- fine-tuning: a frozen backbone at first, a slower one after (nets with a head_module()) ---
+    # part: pretrained
+    def configure_callbacks(self) -> list[L.Callback]:
+        epochs = self.hparams.get("freeze_backbone_epochs", 0)
+        return [finetuning.FrozenBackbone(epochs)] if epochs else []
 
-    def on_train_start(self) -> None:
-        # Also here, not only at each epoch's start: a run resumed mid-epoch skips that hook, and must land
-        # in the phase its epoch is in.
-        self._set_backbone_frozen(self.current_epoch < self.hparams.freeze_backbone_epochs)
-
-    def _set_backbone_frozen(self, frozen: bool) -> None:
-        """Frozen: no gradient for any parameter but the head's, and the backbone's norm layers in eval mode so
-        that their running statistics do not move either (train() keeps them there)."""
-        if not self.hparams.freeze_backbone_epochs:
-            return
-        head = set(self.net.head_module().parameters())
-        for parameter in self.net.parameters():
-            if parameter not in head:
-                parameter.requires_grad_(not frozen)
-        if frozen != self.backbone_frozen:
-            log.info(f"{'Froze' if frozen else 'Unfroze'} the backbone at epoch {self.current_epoch}")
-        self.backbone_frozen = frozen
-        self.train(self.training)
-
-    def train(self, mode: bool = True) -> "TaskModule":
-        super().train(mode)
-        if mode and self.backbone_frozen:
-            head = set(self.net.head_module().modules())
-            for module in self.net.modules():
-                if isinstance(module, NORMS) and module not in head:
-                    module.eval()
-        return self
-
-    def parameter_groups(self) -> list[dict[str, Any]] | None:
-        """The optimizer's parameter groups, each named for the LR monitor: `backbone` (at backbone_lr_scale x
-        the rate) and `head` for a net with a head_module(), each with a `_no_decay` twin holding the biases and norm
-        weights (the 1-D tensors) when the optimizer decays weights and decay_norm_and_bias is off. None: one
-        group of every parameter, the optimizer's default."""
-        has_head = hasattr(self.net, "head_module")
-        split_decay = (
-            bool(self.hparams.optimizer.get("weight_decay")) and not self.hparams.decay_norm_and_bias
-        )
-        if not has_head and not split_decay:
-            return None
-        head = set(self.net.head_module().parameters()) if has_head else set()
-        groups: dict[str, dict[str, Any]] = {}
-        for parameter in self.parameters():
-            part = ("head" if parameter in head else "backbone") if has_head else "decay"
-            if split_decay and parameter.ndim <= 1:
-                part = f"{part}_no_decay" if has_head else "no_decay"
-            group = groups.setdefault(part, {"name": part, "params": []})
-            group["params"].append(parameter)
-            if part.startswith("backbone"):
-                group["lr_scale"] = self.hparams.backbone_lr_scale
-            if part.endswith("no_decay"):
-                group["weight_decay"] = 0.0
-        return list(groups.values())
+    # /part
 
     def configure_optimizers(self) -> dict[str, Any]:
-        groups = self.parameter_groups()
-        parameters = groups if groups is not None else self.trainer.model.parameters()
+        parameters = self.trainer.model.parameters()
+        parameters = finetuning.parameter_groups(self) or parameters  # [part: pretrained]
         optimizer = hydra.utils.instantiate(self.hparams.optimizer)(params=parameters)
-        for group in optimizer.param_groups:
-            group["lr"] *= group.pop("lr_scale", 1.0)
+        finetuning.scale_rates(optimizer)  # [part: pretrained]
         if self.hparams.scheduler is None:
             return {"optimizer": optimizer}
         scheduler_config = dict(self.hparams.scheduler)

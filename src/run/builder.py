@@ -34,7 +34,7 @@ from src.launch import environment, hydra_ddp
 from src.run import preflight
 from src.run import record as run_record
 from src.run.extras import apply_extras
-from src.run.preprocessing import follow_the_weights
+from src.run.preprocessing import follow_the_weights  # [part: folders]
 from src.run.resume import Resume
 
 log = logging.getLogger(__name__)
@@ -87,7 +87,7 @@ def prepare(cfg: DictConfig) -> None:
         for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
             logging.getLogger(name).handlers.clear()
             logging.getLogger(name).propagate = True
-    follow_the_weights(cfg)
+    follow_the_weights(cfg)  # [part: folders]
     preflight.check_run(cfg)
     apply_extras(cfg)
     if cfg.get("seed") is not None:  # seed 0 is a seed

@@ -16,7 +16,6 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from hydra.utils import get_class
 from lightning.pytorch import Trainer
-from lightning.pytorch.callbacks import LearningRateFinder, ModelCheckpoint, WeightAveraging
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from src.compat.lightning import PRECISION_ALIASES
@@ -58,85 +57,23 @@ def check_run(cfg: DictConfig) -> None:
         if cfg.get(key) is not None:
             check_types(cfg[key], key, target)
     check_values(cfg)
-    check_frozen_backbone(cfg)
-    check_callbacks(cfg)
+    check_components(cfg)
 
 
-def check_frozen_backbone(cfg: DictConfig) -> None:
-    """DDP gives every parameter a gradient share each step; a frozen backbone gets none, which plain DDP takes
-    for a bug in the model and stops at the second step."""
-    frozen = OmegaConf.select(cfg, "model.freeze_backbone_epochs")
-    strategy = OmegaConf.select(cfg, "trainer.strategy")
-    if not frozen or strategy is None:
-        return
-    name = strategy_name(strategy)
-    allows_unused = "find_unused_parameters_true" in name or (
-        isinstance(strategy, DictConfig) and strategy.get("find_unused_parameters")
-    )
-    if name.startswith("ddp") and not allows_unused:
-        fix = (
-            "trainer.strategy.find_unused_parameters=true"
-            if isinstance(strategy, DictConfig)
-            else "trainer.strategy=ddp_find_unused_parameters_true"
-        )
-        raise ValueError(
-            f"model.freeze_backbone_epochs={frozen} under trainer.strategy={name}: DDP must allow parameters "
-            f"without gradients while the backbone is frozen; add {fix}"
-        )
-
-
-def check_callbacks(cfg: DictConfig) -> None:
-    """Callbacks that cannot work with the rest of the run: a learning-rate finder on several processes, and a
-    weight average whose best checkpoint would hold the raw weights."""
-    callbacks = {
-        name: _class_of(conf)
-        for name, conf in (cfg.get("callbacks") or {}).items()
-        if isinstance(conf, DictConfig)
+def check_components(cfg: DictConfig) -> None:
+    """The checks that the model's class and each callback's keep for themselves: a class named by a config's
+    `_target_` may have a class method `check_config(cfg, key)` that refuses what cannot work with the rest of the
+    run (callbacks.lr_finder under DDP), before anything is instantiated."""
+    components = {"model": cfg.get("model")} | {
+        f"callbacks.{name}": conf for name, conf in (cfg.get("callbacks") or {}).items()
     }
-    for name, cls in callbacks.items():
-        if issubclass(cls, LearningRateFinder) and "trainer" in cfg:
-            settings = distributed_settings(cfg.trainer)
-            if settings:
-                choice = (
-                    HydraConfig.get().runtime.choices.get("trainer") if HydraConfig.initialized() else None
-                )
-                preset = f"trainer={choice}: " if choice not in (None, "default") else ""
-                raise ValueError(
-                    f"callbacks.{name} finds the learning rate in one process, but this run trains in several "
-                    f"({preset}{', '.join(settings)}); find the rate in a one-device run (trainer=cpu or "
-                    f"trainer=gpu), then train with model.optimizer.lr=<its suggestion> and without {name}"
-                )
-        if issubclass(cls, WeightAveraging):
-            for other, other_cls in callbacks.items():
-                if issubclass(other_cls, ModelCheckpoint) and cfg.callbacks[other].get("save_weights_only"):
-                    raise ValueError(
-                        f"callbacks.{name} puts the averaged weights into checkpoints, but with "
-                        f"callbacks.{other}.save_weights_only=true Lightning saves them without asking callbacks, "
-                        f"so they would hold the raw weights; keep callbacks.{other}.save_weights_only=false"
-                    )
+    for key, conf in components.items():
+        check = getattr(target_class(conf), "check_config", None) if isinstance(conf, DictConfig) else None
+        if check is not None:
+            check(cfg, key)
 
 
-def distributed_settings(trainer: DictConfig) -> list[str]:
-    """The settings that make the Trainer train in several processes (an empty list: one process)."""
-    strategy, devices = trainer.get("strategy", "auto"), trainer.get("devices", "auto")
-    count = len(devices) if isinstance(devices, ListConfig | list) else devices
-    if count in ("auto", -1) and resolved_accelerator(trainer.get("accelerator", "auto")) == "cuda":
-        count = torch.cuda.device_count()
-    settings = []
-    name = strategy_name(strategy)
-    if "ddp" in name or name.startswith(tuple(GPU_ONLY_STRATEGIES)):
-        shown = strategy["_target_"] if isinstance(strategy, DictConfig) else strategy
-        settings.append(f"trainer.strategy={shown}")
-    if count == -1 or (isinstance(count, int) and count > 1):
-        settings.append(f"trainer.devices={devices}")
-    if trainer.get("num_nodes", 1) > 1:
-        settings.append(f"trainer.num_nodes={trainer.num_nodes}")
-    if environment.torchrun_world_size() > 1:
-        settings.append(f"torchrun with {environment.torchrun_world_size()} processes")
-    return settings
-
-
-def _class_of(conf: DictConfig) -> type:
+def target_class(conf: DictConfig) -> type:
     """The class a config's _target_ names; `object` when it has none or it cannot be imported (Hydra says why
     when it is instantiated)."""
     try:
