@@ -22,16 +22,23 @@ from src.compat.lightning import PRECISION_ALIASES
 from src.launch import environment
 
 
-def _literal_values(annotation: Any) -> list[Any]:
-    if typing.get_origin(annotation) is typing.Literal:
-        return list(get_args(annotation))
-    return [value for arg in get_args(annotation) for value in _literal_values(arg)]
+def _arms(hint: Any) -> list[Any]:
+    """The types a type hint allows, with its unions flattened (`int | Literal["a"] | None`: three arms)."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return [arm for part in get_args(hint) for arm in _arms(part)]
+    return [hint]
+
+
+def _literals(hint: Any) -> list[Any]:
+    return [
+        value for arm in _arms(hint) if typing.get_origin(arm) is typing.Literal for value in get_args(arm)
+    ]
 
 
 # The precisions Trainer's signature names: "32-true", "16-mixed", "bf16-mixed", "bf16-true", ...
 PRECISIONS = tuple(
     value
-    for value in _literal_values(inspect.signature(Trainer).parameters["precision"].annotation)
+    for value in _literals(inspect.signature(Trainer).parameters["precision"].annotation)
     if isinstance(value, str) and value not in PRECISION_ALIASES
 )
 
@@ -136,29 +143,18 @@ def check_types(config: DictConfig, prefix: str, target: str | None = None) -> N
 _PLAIN = (int, float, bool, str, type(None))
 
 
-def _arms(hint: Any) -> list[Any]:
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        return [arm for part in typing.get_args(hint) for arm in _arms(part)]
-    return [hint]
-
-
 def _matches(value: Any, hint: Any) -> bool:
+    """Whether `value` fits one arm of `hint`; a bool is not a number here (YAML's true is no max_epochs)."""
+    if any(value == literal and type(value) is type(literal) for literal in _literals(hint)):
+        return True
     for arm in _arms(hint):
         if typing.get_origin(arm) is typing.Literal:
-            if value in typing.get_args(arm) and type(value) in {type(a) for a in typing.get_args(arm)}:
-                return True
-        elif arm not in _PLAIN:
+            continue
+        if arm not in _PLAIN:
             return True  # an object, list or dict is allowed here: not ours to judge
-        elif arm is type(None):
-            if value is None:
-                return True
-        elif arm is float:
-            if isinstance(value, int | float) and not isinstance(value, bool):
-                return True
-        elif arm is int:
-            if isinstance(value, int) and not isinstance(value, bool):
-                return True
-        elif isinstance(value, arm):
+        if arm is float and isinstance(value, int) and not isinstance(value, bool):
+            return True
+        if isinstance(value, arm) and (arm is bool or not isinstance(value, bool)):
             return True
     return False
 
@@ -167,7 +163,7 @@ def _describe(hint: Any) -> str:
     names = []
     for arm in _arms(hint):
         if typing.get_origin(arm) is typing.Literal:
-            names.append("one of " + ", ".join(str(a) for a in typing.get_args(arm)))
+            names.append("one of " + ", ".join(str(a) for a in get_args(arm)))
         else:
             names.append({type(None): "null"}.get(arm, getattr(arm, "__name__", str(arm))))
     return " or ".join(dict.fromkeys(names))
