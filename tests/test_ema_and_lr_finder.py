@@ -19,7 +19,7 @@ from PIL import Image
 from src.callbacks.lr_finder import steepest_descent
 from src.run import preflight
 from src.run.checkpoints import load_checkpoint
-from src.run.trained_run import TrainedRun, load_model
+from src.run.trained_run import TrainedRun, load_model  # [part: predict]
 from tests.conftest import CONFIG_DIR, ROOT, built_once, run_cli
 from tests.helpers import RecordWeights
 
@@ -222,11 +222,13 @@ def test_the_average_is_what_best_ckpt_holds_and_what_test_eval_predict_and_expo
     evaluated = json.loads((eval_dir / "run.json").read_text())["final_metrics"]
     assert evaluated["test/loss"] == pytest.approx(trained["test/loss"], rel=1e-6)
 
+    # part: predict
     # predict and export load the model as below (weights_only=True): the average.
     source = TrainedRun(ema_run / "checkpoints" / "best.ckpt", run_config=None)
     loaded = load_model(source).state_dict()
     for name, value in expected.items():
         torch.testing.assert_close(loaded[name], value, rtol=1e-6, atol=1e-7)
+    # /part
 
 
 @pytest.mark.slow

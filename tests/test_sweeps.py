@@ -136,7 +136,7 @@ def test_summary_orders_by_the_direction_and_lists_only_what_varies(tmp_path: Pa
         (tmp_path / str(job)).mkdir()
         result = {"job": job, "status": status, "metric": "val/loss", "value": value, "overrides": overrides}
         (tmp_path / str(job) / "result.json").write_text(json.dumps(result | {"error": error}))
-    rows = write_summary(tmp_path, mode="min")
+    rows, _ = write_summary(tmp_path, mode="min")
     assert [row["job"] for row in rows] == [2, 0, 3, 1]  # lowest loss first, then pruned, then failed
     assert list(rows[0]) == ["job", "status", "val/loss", "a", "error"]  # seed=1 is the same everywhere
     assert read_summary(tmp_path)[3]["error"] == "ValueError: bad"

@@ -19,10 +19,9 @@ from hydra_plugins.sweep_summary.summary import (
     RESULT_FILE,
     SUMMARY_FILE,
     VARIANTS_FILE,
-    _final_metrics,
-    _write_atomically,
+    final_metrics,
     format_table,
-    summarize,
+    write_atomically,
     write_summary,
 )
 
@@ -41,19 +40,33 @@ class SweepSummary(Callback):
         if config.hydra.mode != RunMode.MULTIRUN:
             return
         job_dir = Path(config.hydra.runtime.output_dir)
-        result = job_result(config, job_return)
-        if result["status"] == "failed":
+        result = {
+            "job": config.hydra.job.num,
+            "status": "completed",
+            "metric": config.get("optimized_metric"),
+            "value": None,
+            "overrides": list(job_return.overrides or []),
+            "error": None,
+            "metrics": final_metrics(job_dir),
+        }
+        if job_return.status == JobStatus.COMPLETED:
+            value = job_return.return_value
+            result["value"] = float(value) if isinstance(value, int | float) else None
+        else:
             error = job_error(job_return)
-            # Into the job's own log file: Hydra keeps a failed job's traceback nowhere else.
-            log.error("".join(traceback.format_exception(error)).rstrip())
-        elif result["status"] == "pruned":
-            log.info(result["error"])
-        _write_atomically(job_dir / RESULT_FILE, json.dumps(result, indent=2) + "\n")
+            # optuna.TrialPruned, named rather than imported: optuna is needed only by Optuna sweeps.
+            pruned = type(error).__name__ == "TrialPruned"
+            result |= {"status": "pruned" if pruned else "failed", "error": describe_error(error)}
+            if pruned:
+                log.info(result["error"])
+            else:  # into the job's own log file: Hydra keeps a failed job's traceback nowhere else
+                log.error("".join(traceback.format_exception(error)).rstrip())
+        write_atomically(job_dir / RESULT_FILE, json.dumps(result, indent=2) + "\n")
         write_summary(job_dir.parent, self._mode(config))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
-        rows, variants = summarize(sweep_dir, self._mode(config))
+        rows, variants = write_summary(sweep_dir, self._mode(config))
         if rows:
             log.info(f"Sweep summary ({sweep_dir / SUMMARY_FILE}):\n{format_table(rows)}")
         if variants:
@@ -63,28 +76,6 @@ class SweepSummary(Callback):
         """The sweeper's mode when it has one (an Optuna study, so the summary ranks as the study does), else
         this callback's; both follow the run's `mode` unless set apart."""
         return config.hydra.sweeper.get("mode", self.mode)
-
-
-def job_result(config: DictConfig, job_return: JobReturn) -> dict[str, Any]:
-    """What one job of a sweep ran and how it ended."""
-    result = {
-        "job": config.hydra.job.num,
-        "status": "completed",
-        "metric": config.get("optimized_metric"),
-        "value": None,
-        "overrides": list(job_return.overrides or []),
-        "error": None,
-        "metrics": _final_metrics(Path(config.hydra.runtime.output_dir)),
-    }
-    if job_return.status == JobStatus.COMPLETED:
-        value = job_return.return_value
-        result["value"] = float(value) if isinstance(value, int | float) else None
-    else:
-        error = job_error(job_return)
-        # optuna.TrialPruned, named rather than imported: optuna is needed only by Optuna sweeps.
-        result["status"] = "pruned" if type(error).__name__ == "TrialPruned" else "failed"
-        result["error"] = describe_error(error)
-    return result
 
 
 def job_error(job_return: JobReturn) -> BaseException:

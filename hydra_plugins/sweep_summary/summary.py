@@ -21,12 +21,7 @@ MODES = ("max", "min")
 REPLICATE_KEYS = ("seed", "data.fold")
 
 
-def write_summary(sweep_dir: Path, mode: str) -> list[dict[str, Any]]:
-    """Rebuild `<sweep_dir>/summary.csv` (and variants.csv) from the jobs' result.json; return its rows."""
-    return summarize(sweep_dir, mode)[0]
-
-
-def summarize(sweep_dir: Path, mode: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def write_summary(sweep_dir: Path, mode: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Rebuild `<sweep_dir>/summary.csv` from the result.json of every job: its rows, best first (mode max:
     the highest value first; min: the lowest). Where jobs repeat a variant (REPLICATE_KEYS), also rebuild
     `<sweep_dir>/variants.csv`: one row per variant, best mean first; its rows ([] without repeats) second."""
@@ -41,21 +36,18 @@ def summarize(sweep_dir: Path, mode: str) -> tuple[list[dict[str, Any]], list[di
 
     def rank(result: dict[str, Any]) -> tuple:
         value = result["value"]
-        has_value = value is not None and math.isfinite(value)
         order = {"completed": 0, "pruned": 1, "failed": 2}[result["status"]]
-        return (order, not has_value, sign * value if has_value else 0.0, result["job"])
+        return (order, not is_number(value), sign * value if is_number(value) else 0.0, result["job"])
 
     rows = []
     for result in sorted(results, key=rank):
-        overrides = dict(split_override(o) for o in result["overrides"])
+        overrides = dict(map(split_override, result["overrides"]))
         row = {"job": result["job"], "status": result["status"], metric: result["value"]}
-        row |= {key: overrides.get(key, "") for key in swept}
-        row["error"] = result["error"] or ""
-        rows.append(row)
+        rows.append(row | {key: overrides.get(key, "") for key in swept} | {"error": result["error"] or ""})
     _write_csv(sweep_dir / SUMMARY_FILE, rows)
     runs = [
         {
-            "settings": dict(split_override(o) for o in result["overrides"]),
+            "settings": dict(map(split_override, result["overrides"])),
             "status": result["status"],
             # The optimized value under its name, also for a job whose run.json has no final metrics.
             "metrics": (result.get("metrics") or {}) | {metric: result["value"]},
@@ -69,14 +61,13 @@ def summarize(sweep_dir: Path, mode: str) -> tuple[list[dict[str, Any]], list[di
     return rows, variants
 
 
-def _final_metrics(run_dir: Path) -> dict[str, float]:
+def final_metrics(run_dir: Path) -> dict[str, float]:
     """The final metrics a run recorded in its run.json ({} when it wrote none, e.g. it failed to start)."""
     try:
-        record = json.loads((run_dir / RECORD_FILE).read_text())
-    except (OSError, ValueError):
+        metrics = json.loads((run_dir / RECORD_FILE).read_text())["final_metrics"] or {}
+    except (OSError, ValueError, KeyError):
         return {}
-    metrics = record.get("final_metrics") if isinstance(record, dict) else None
-    return {name: value for name, value in (metrics or {}).items() if is_number(value)}
+    return {name: value for name, value in metrics.items() if is_number(value)}
 
 
 def format_table(rows: list[dict[str, Any]], metric_columns: int | None = None) -> str:
@@ -88,9 +79,10 @@ def format_table(rows: list[dict[str, Any]], metric_columns: int | None = None) 
         columns = columns[: shown + metric_columns]
     cells = [[_cell(row[c]) for c in columns] for row in rows]
     widths = [max(len(c), *(len(line[i]) for line in cells)) for i, c in enumerate(columns)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True))]
-    lines += ["  ".join(v.ljust(w) for v, w in zip(line, widths, strict=True)) for line in cells]
-    return "\n".join(line.rstrip() for line in lines)
+    lines = [columns, *cells]
+    return "\n".join(
+        "  ".join(v.ljust(w) for v, w in zip(line, widths, strict=True)).rstrip() for line in lines
+    )
 
 
 def _cell(value: Any) -> str:
@@ -104,10 +96,10 @@ def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
     writer = csv.DictWriter(text, fieldnames=list(rows[0]))
     writer.writeheader()
     writer.writerows(rows)
-    _write_atomically(path, text.getvalue())
+    write_atomically(path, text.getvalue())
 
 
-def _write_atomically(path: Path, text: str) -> None:
+def write_atomically(path: Path, text: str) -> None:
     """Readers never see a half-written file; jobs running in parallel each write their own temporary."""
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     temporary.write_text(text)
@@ -127,9 +119,8 @@ def group_variants(runs: list[dict[str, Any]], metric: str, mode: str) -> list[d
     for run in runs:
         identity = {k: v for k, v in run["settings"].items() if k not in REPLICATE_KEYS}
         groups.setdefault(tuple(sorted(identity.items())), []).append(run)
-    varying = swept_keys([[f"{k}={v}" for k, v in key] for key in groups])
-    if len(groups) == 1:
-        varying = []  # one variant: its settings are in the run configs, not a difference
+    # One variant: its settings are in the run configs, not a difference.
+    varying = swept_keys([[f"{k}={v}" for k, v in key] for key in groups]) if len(groups) > 1 else []
     names = sorted({name for run in runs if run["status"] == "completed" for name in run["metrics"]})
     names.sort(key=lambda name: name != metric)  # the ranked metric first
     sign = -1.0 if mode == "max" else 1.0
@@ -145,7 +136,9 @@ def group_variants(runs: list[dict[str, Any]], metric: str, mode: str) -> list[d
                 row[replicate] = " ".join(values)
         for name in names:
             values = [run["metrics"][name] for run in done if is_number(run["metrics"].get(name))]
-            row |= _statistics(name, values)
+            spread = statistics.stdev(values) if len(values) > 1 else None
+            stats = (statistics.fmean(values), spread, min(values), max(values)) if values else (None,) * 4
+            row |= {f"{name} {stat}": v for stat, v in zip(("mean", "std", "min", "max"), stats, strict=True)}
         rows.append(row)
 
     def rank(row: dict[str, Any]) -> tuple:
@@ -153,17 +146,6 @@ def group_variants(runs: list[dict[str, Any]], metric: str, mode: str) -> list[d
         return (mean is None, sign * mean if mean is not None else 0.0)
 
     return sorted(rows, key=rank)
-
-
-def _statistics(name: str, values: list[float]) -> dict[str, float | None]:
-    if not values:
-        return {f"{name} {stat}": None for stat in ("mean", "std", "min", "max")}
-    return {
-        f"{name} mean": statistics.fmean(values),
-        f"{name} std": statistics.stdev(values) if len(values) > 1 else None,
-        f"{name} min": min(values),
-        f"{name} max": max(values),
-    }
 
 
 def is_number(value: Any) -> bool:

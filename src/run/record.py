@@ -14,12 +14,14 @@ import subprocess
 import sys
 from collections.abc import Mapping
 from datetime import datetime
-from importlib.metadata import PackageNotFoundError, version
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
+
+from hydra_plugins.sweep_summary.summary import write_atomically
 
 RECORD_FILE = "run.json"
 DIFF_FILE = "git.diff"
@@ -43,28 +45,14 @@ def git_state(root: str | Path) -> dict[str, Any]:
     commit = git("rev-parse", "HEAD")
     if commit is None:
         return {"commit": None, "branch": None, "dirty": None, "diff": None}
-    diff = git("diff", "HEAD") or ""  # staged and unstaged changes of tracked files
+    diff = git("diff", "HEAD")  # staged and unstaged changes of tracked files
+    branch = git("rev-parse", "--abbrev-ref", "HEAD")
     return {
         "commit": commit.strip(),
-        "branch": (git("rev-parse", "--abbrev-ref", "HEAD") or "").strip() or None,
+        "branch": branch and branch.strip(),
         "dirty": bool(diff),
         "diff": diff or None,
     }
-
-
-def versions() -> dict[str, str | None]:
-    """Python, the main packages, and CUDA/cuDNN as torch sees them (None where absent)."""
-    found: dict[str, str | None] = {"python": platform.python_version()}
-    for package in PACKAGES:
-        try:
-            found[package] = version(package)
-        except PackageNotFoundError:
-            found[package] = None
-    import torch
-
-    found["cuda"] = torch.version.cuda
-    found["cudnn"] = str(torch.backends.cudnn.version()) if torch.backends.cudnn.is_available() else None
-    return found
 
 
 def start_record(cfg: DictConfig, world_size: int) -> tuple[dict[str, Any], str | None]:
@@ -81,9 +69,14 @@ def start_record(cfg: DictConfig, world_size: int) -> tuple[dict[str, Any], str 
             "task": list(hydra.overrides.task) if hydra else [],
             "hydra": list(hydra.overrides.hydra) if hydra else [],
         },
-        "git": {key: value for key, value in git.items() if key != "diff"}
+        "git": {"commit": git["commit"], "branch": git["branch"], "dirty": git["dirty"]}
         | {"diff_file": DIFF_FILE if git["diff"] else None},
-        "versions": versions(),
+        "versions": {"python": platform.python_version()}
+        | {package: version(package) for package in PACKAGES}
+        | {
+            "cuda": torch.version.cuda,
+            "cudnn": torch.backends.cudnn.version() and str(torch.backends.cudnn.version()),
+        },
         "host": {
             "hostname": socket.gethostname(),
             "platform": platform.platform(),
@@ -92,23 +85,19 @@ def start_record(cfg: DictConfig, world_size: int) -> tuple[dict[str, Any], str 
         },
         "world_size": world_size,
         "seed": cfg.get("seed"),
-        "start_time": _now(),
-        "end_time": None,
-        "duration_s": None,
+        "start_time": datetime.now().astimezone().isoformat(timespec="seconds"),
         "status": "running",
-        "error": None,
-        "final_metrics": None,
+        **dict.fromkeys(_END_FIELDS),
         "config": OmegaConf.to_container(cfg, resolve=True),
     }, git["diff"]
 
 
 def write_start(record: dict[str, Any], diff: str | None, run_dir: str | Path) -> None:
     """Write run.json (and git.diff when there are uncommitted changes) into the run dir."""
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
     if diff:
-        (run_dir / DIFF_FILE).write_text(diff)
-    _write(run_dir / RECORD_FILE, record)
+        (Path(run_dir) / DIFF_FILE).write_text(diff)
+    _write(run_dir, record)
 
 
 def write_end(
@@ -118,14 +107,13 @@ def write_end(
     end = datetime.now().astimezone()
     record["end_time"] = end.isoformat(timespec="seconds")
     record["duration_s"] = round((end - datetime.fromisoformat(record["start_time"])).total_seconds(), 1)
-    if error is None:
-        record["status"] = "completed"
-    else:
+    record["status"] = "completed"
+    if error is not None:
         # Lightning turns Ctrl+C during fit into sys.exit(1).
         record["status"] = "interrupted" if isinstance(error, KeyboardInterrupt | SystemExit) else "failed"
         record["error"] = f"{type(error).__name__}: {error}"
-    record["final_metrics"] = {name: value for name, value in sorted(metrics.items())}
-    _write(Path(run_dir) / RECORD_FILE, record)
+    record["final_metrics"] = dict(sorted(metrics.items()))
+    _write(run_dir, record)
 
 
 def for_loggers(record: dict[str, Any]) -> dict[str, Any]:
@@ -148,11 +136,5 @@ def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def _now() -> str:
-    return datetime.now().astimezone().isoformat(timespec="seconds")
-
-
-def _write(path: Path, record: dict[str, Any]) -> None:
-    temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_text(json.dumps(record, indent=2, default=str) + "\n")
-    os.replace(temporary, path)
+def _write(run_dir: str | Path, record: dict[str, Any]) -> None:
+    write_atomically(Path(run_dir) / RECORD_FILE, json.dumps(record, indent=2, default=str) + "\n")

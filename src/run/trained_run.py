@@ -3,7 +3,7 @@ model and precision it was trained with, which eval, predict and export use unle
 others. A checkpoint inside a run directory has the run's record (run.json) beside it, whose config names the
 LightningModule class and the data."""
 
-import importlib
+import importlib  # [part: predict]
 import json
 import logging
 from dataclasses import dataclass
@@ -13,16 +13,17 @@ from typing import Any
 import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.utils import get_class
-from lightning import LightningModule
+from hydra.utils import get_class  # [part: predict]
+from lightning import LightningModule  # [part: predict]
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from src.run.checkpoints import check_checkpoint, load_checkpoint
+from src.run.checkpoints import (
+    check_checkpoint,
+    load_checkpoint,  # [part: predict]
+)
 from src.run.record import RECORD_FILE
 
 log = logging.getLogger(__name__)
-
-DEFAULT_MODULE = "src.models.classifier_module.ClassifierModule"
 
 
 @dataclass
@@ -81,9 +82,9 @@ def with_keys_set(config: Any, overrides: list[str], group: str) -> DictConfig:
             continue  # not a key of this group
         if override.is_delete():
             parent, _, leaf = key.rpartition(".")
-            node = OmegaConf.select(config, parent) if parent else config
-            if isinstance(node, DictConfig) and leaf in node:
-                del node[leaf]
+            node = OmegaConf.select(config, parent)
+            if isinstance(node, DictConfig):
+                node.pop(leaf, None)
         else:
             OmegaConf.update(config, key, override.value(), force_add=True)
     return config
@@ -140,6 +141,10 @@ def with_run_config(cfg: DictConfig, source: TrainedRun, groups: tuple[str, ...]
     return cfg
 
 
+# part: predict
+DEFAULT_MODULE = "src.models.classifier_module.ClassifierModule"
+
+
 def load_model(source: TrainedRun, module: str | None = None) -> LightningModule:
     """The trained LightningModule in eval mode, on the CPU, without torch.compile."""
     # The run dir's record says which class trained it; `module` is for a checkpoint outside a run dir.
@@ -172,3 +177,6 @@ def data_task(datamodule: str | None) -> str | None:
         return getattr(getattr(importlib.import_module(module_name), class_name), "task", None)
     except (ImportError, AttributeError, ValueError):  # ValueError: a name without a module
         return None
+
+
+# /part
