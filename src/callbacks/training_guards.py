@@ -49,7 +49,7 @@ class TrainingGuards(L.Callback):
         self.log_grad_norm = log_grad_norm
         self._first_step = False
         self._interval = 1
-        self._bad_steps: torch.Tensor | None = None  # on the device: non-finite losses since the last read
+        self._bad_steps: torch.Tensor | int = 0  # on the device: non-finite losses since the last read
         self._unread = 0  # steps since the last read
 
     def idle_batch_hooks(self, trainer: L.Trainer) -> list[str]:
@@ -68,41 +68,32 @@ class TrainingGuards(L.Callback):
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._first_step = trainer.global_step == 0  # a resumed run is past its first step
         self._interval = self._read_interval(trainer)
-        self._bad_steps, self._unread = None, 0
+        self._bad_steps, self._unread = 0, 0
 
     def on_before_backward(
         self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor
     ) -> None:
-        if self.stop_on_nonfinite:
-            if self._interval == 1 and trainer.world_size == 1 and loss.numel() == 1:
-                # One process, every step: a float comparison, no tensor ops or collective.
-                if not math.isfinite(loss.item()):
-                    self._stop(trainer, loss.item())
-            elif self._interval == 1:
-                broken = bool(~torch.isfinite(loss.detach()).all())
-                # Every rank stops together, whichever one saw it.
-                if trainer.strategy.reduce_boolean_decision(broken, all=False):
-                    self._stop(trainer, loss.item() if broken else "NaN/Inf on another rank")
-            else:  # counted on the device, read in on_train_batch_end: no sync here
-                bad = (~torch.isfinite(loss.detach()).all()).int()
-                self._bad_steps = bad if self._bad_steps is None else self._bad_steps + bad
-                self._unread += 1
-        if not (self._first_step and self.check_initial_loss):
-            return
-        expected = getattr(pl_module, "initial_loss", lambda: None)()  # TaskModule.initial_loss
-        if expected is not None and trainer.is_global_zero:
-            (value, why), loss_value = expected, loss.item()
-            if not value / 2 <= loss_value <= value * 2:
-                log.warning(
-                    f"The first batch's loss is {loss_value:.3g}, far from {why}: check the input normalisation "
-                    "(data.mean, data.std), the labels, and the net's last layer"
+        if self.stop_on_nonfinite and self._interval == 1:
+            value = loss.item()  # free on one CPU process; elsewhere a host sync, as asked for
+            broken = not math.isfinite(value)
+            shown = value if broken else "NaN/Inf on another rank"
+            if trainer.world_size > 1:  # every rank stops together, whichever one saw it
+                broken = trainer.strategy.reduce_boolean_decision(broken, all=False)
+            if broken:
+                raise FloatingPointError(
+                    f"the training loss is {shown} at epoch {trainer.current_epoch}, step {trainer.global_step}: "
+                    "stopped before it reached the weights; " + FIXES
                 )
-
-    def _stop(self, trainer: L.Trainer, loss: float | str) -> None:
-        raise FloatingPointError(
-            f"the training loss is {loss} at epoch {trainer.current_epoch}, step {trainer.global_step}: stopped "
-            "before it reached the weights; " + FIXES
-        )
+        elif self.stop_on_nonfinite:  # counted on the device, read in on_train_batch_end: no sync here
+            self._bad_steps = self._bad_steps + (~torch.isfinite(loss.detach()).all()).int()
+            self._unread += 1
+        if self._first_step and self.check_initial_loss and trainer.is_global_zero:
+            expected = getattr(pl_module, "initial_loss", lambda: None)()  # TaskModule.initial_loss
+            if expected is not None and not expected[0] / 2 <= loss.item() <= expected[0] * 2:
+                log.warning(
+                    f"The first batch's loss is {loss.item():.3g}, far from {expected[1]}: check the input "
+                    "normalisation (data.mean, data.std), the labels, and the net's last layer"
+                )
 
     def on_after_backward(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not self._first_step:
@@ -120,13 +111,14 @@ class TrainingGuards(L.Callback):
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        # Every rank reads at the same steps, so the collective below matches up.
-        if self._unread and (self._unread >= self._interval or _last_batch_of_epoch(trainer, batch_idx)):
-            self._read_nonfinite(trainer)
-
-    def _read_nonfinite(self, trainer: L.Trainer) -> None:
+        # Every rank reads at the same steps (and at the epoch's last batch, before its validation and
+        # checkpoints), so the collective below matches up.
+        if not self._unread or (
+            self._unread < self._interval and batch_idx + 1 < trainer.num_training_batches
+        ):
+            return
         bad, steps = int(self._bad_steps), self._unread
-        self._bad_steps, self._unread = None, 0
+        self._bad_steps, self._unread = 0, 0
         if trainer.strategy.reduce_boolean_decision(bad > 0, all=False):
             where = f"in {bad} of" if bad else "on another rank in one of"
             raise FloatingPointError(
@@ -138,8 +130,3 @@ class TrainingGuards(L.Callback):
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer) -> None:
         if self.log_grad_norm:
             pl_module.log_dict(grad_norm(pl_module, norm_type=2))
-
-
-def _last_batch_of_epoch(trainer: L.Trainer, batch_idx: int) -> bool:
-    """Whether this training batch ends the epoch, before its validation and checkpoints."""
-    return batch_idx + 1 >= trainer.num_training_batches

@@ -6,8 +6,8 @@
    seeding, before anything is instantiated, so that a bad config fails in a second and every object is
    created under the same seed;
 2. `instantiate_run`: datamodule, model, and (for the tasks that use one) callbacks, loggers and trainer;
-3. `recorded`: the run record (run.json) at the start and at the end, however the run ends (with what the
-   callbacks add, `callback_entries`), and the resolved config logged as the run's hyperparameters;
+3. `recorded`: the run record (run.json) at the start and at the end, however the run ends, and the
+   resolved config logged as the run's hyperparameters;
 4. on the way out, the distributed state is cleaned up, so the next job of a multirun starts from scratch.
 """
 
@@ -27,7 +27,7 @@ from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from src.compat.lightning import saves_within_epochs
 from src.launch import environment, hydra_ddp
@@ -132,15 +132,9 @@ def for_this_task(group: DictConfig | None, model: L.LightningModule) -> dict[st
     task = getattr(model, "task", None)
     fitting = {}
     for name, conf in (group or {}).items():
-        try:
-            target = (
-                get_object(conf._target_) if isinstance(conf, DictConfig) and "_target_" in conf else None
-            )
-        except (
-            ImportError,
-            AttributeError,
-            ValueError,
-        ):  # an unknown target fails with Hydra's own message when instantiated
+        try:  # an entry without a known target fails with Hydra's own message when instantiated
+            target = get_object(conf._target_)
+        except (ImportError, AttributeError, ValueError):
             target = None
         tasks = getattr(target, "tasks", None)
         if tasks is not None and task not in tasks:
@@ -212,64 +206,50 @@ def instantiate_group(group: DictConfig | None, kind: str) -> list[Any]:
 @contextmanager
 def recorded(run: Run, resume: Resume | None) -> Iterator[None]:
     """Write run.json when the run starts and complete it when it ends (global rank 0 only); log the
-    resolved config to every logger. A SIGTERM'd run exits with 128 + SIGTERM."""
-    if run.trainer is not None:
-        rank_zero, world_size = run.trainer.is_global_zero, run.trainer.world_size
-    else:
-        rank_zero, world_size = environment.is_global_rank_zero(), 1
+    resolved config, parameter counts and the run record to every logger. A SIGTERM'd run exits with
+    128 + SIGTERM."""
+    loggers = run.trainer.loggers if run.trainer is not None else []
+    rank_zero = run.trainer.is_global_zero if run.trainer is not None else environment.is_global_rank_zero()
     record, error = None, None
     try:
         if rank_zero:
-            record, diff = run_record.start_record(run.cfg, world_size)
+            record, diff = run_record.start_record(run.cfg, run.trainer.world_size if run.trainer else 1)
             if resume is not None:
                 record["resumed"] = resume.summary()
-            log_hyperparameters(run, record)
-            loggers = run.trainer.loggers if run.trainer is not None else []
+            params = list(run.model.parameters())
+            hparams = record["config"] | {
+                "model/params/total": sum(p.numel() for p in params),
+                "model/params/trainable": sum(p.numel() for p in params if p.requires_grad),
+                "run": run_record.for_loggers(record),
+            }
+            for logger in loggers:
+                logger.log_hyperparams(hparams)
             # A later attempt of a named run logs to the same wandb run (src/run/resume.py).
             record["wandb_id"] = next((lg.version for lg in loggers if isinstance(lg, WandbLogger)), None)
             run_record.write_start(record, diff, run.cfg.paths.output_dir)
-        try:
-            yield
-        except SIGTERMException as err:
-            error = err
-            # Lightning ends a SIGTERM'd run with SystemExit(None), i.e. exit status 0; a killed run should
-            # say it was killed (128 + SIGTERM), like any other process.
-            raise SystemExit(128 + signal.SIGTERM) from err
+        yield
     except BaseException as err:
         # Whatever failed once the record exists, setting up (a logger refusing the hyperparameters, e.g.
         # wandb without a login) or running, the record says so.
-        error = error or err
+        error = err
+        if isinstance(err, SIGTERMException):
+            # Lightning ends a SIGTERM'd run with SystemExit(None), i.e. exit status 0; a killed run should
+            # say it was killed (128 + SIGTERM), like any other process.
+            raise SystemExit(128 + signal.SIGTERM) from err
         raise
     finally:
         if record is not None:
-            record |= callback_entries(run)
+            # part: pretrained
+            # What the callbacks add to the record: a callback with a `run_record()` method returns its entries
+            # (the LR finder's suggestion).
+            for callback in run.trainer.callbacks if run.trainer is not None else []:
+                if callable(getattr(callback, "run_record", None)):
+                    record |= callback.run_record()
+            # /part
             run_record.write_end(record, run.cfg.paths.output_dir, run.metrics, error)
             if error is None:  # predictions on image files without labels have none
-                finite = {k: v for k, v in sorted(run.metrics.items()) if not math.isnan(v)}
-                log.info("Final metrics: " + (", ".join(f"{k}={v:.4f}" for k, v in finite.items()) or "none"))
-
-
-def callback_entries(run: Run) -> dict[str, Any]:
-    """What the run's callbacks add to run.json when it ends: a callback with a `run_record()` method returns
-    its entries (a learning-rate search's suggestion)."""
-    entries: dict[str, Any] = {}
-    for callback in run.trainer.callbacks if run.trainer is not None else []:
-        if callable(getattr(callback, "run_record", None)):
-            entries |= callback.run_record()
-    return entries
-
-
-def log_hyperparameters(run: Run, record: dict[str, Any]) -> None:
-    """Send the resolved run config (nested), parameter counts and the run record to every logger."""
-    if run.trainer is None or not run.trainer.loggers:
-        return
-    hparams = OmegaConf.to_container(run.cfg, resolve=True)
-    params = list(run.model.parameters())
-    hparams["model/params/total"] = sum(p.numel() for p in params)
-    hparams["model/params/trainable"] = sum(p.numel() for p in params if p.requires_grad)
-    hparams["run"] = run_record.for_loggers(record)
-    for logger in run.trainer.loggers:
-        logger.log_hyperparams(hparams)
+                shown = ", ".join(f"{k}={v:.4f}" for k, v in sorted(run.metrics.items()) if not math.isnan(v))
+                log.info(f"Final metrics: {shown or 'none'}")
 
 
 @rank_zero_only

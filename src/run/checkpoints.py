@@ -41,29 +41,27 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             raise
 
 
-def check_checkpoint(path: str | None, key: str = "ckpt_path") -> Path:
+def check_checkpoint(path: str) -> Path:
     """Return `path` as a Path if it is a readable checkpoint file, else raise an error that says what is wrong."""
-    if path is None:
-        raise ValueError(f"{key} is required: {key}=logs/train/runs/<run>/checkpoints/best.ckpt")
     file = Path(path).expanduser()
     if not file.exists():
         raise FileNotFoundError(
-            f"{key}={path} does not exist; runs keep theirs in logs/train/runs/<run>/checkpoints/"
+            f"ckpt_path={path} does not exist; runs keep theirs in logs/train/runs/<run>/checkpoints/"
         )
     if is_sharded_checkpoint(file):
         return file
-    if not file.is_file():
+    if file.is_dir():
         raise IsADirectoryError(
-            f"{key}={path} is a directory but not a sharded FSDP checkpoint; give a .ckpt file inside it"
+            f"ckpt_path={path} is a directory but not a sharded FSDP checkpoint; give a .ckpt file inside it"
         )
     try:
-        with open(file, "rb"):
-            pass
+        with open(file, "rb") as handle:
+            is_zip = zipfile.is_zipfile(handle)
     except OSError as err:
-        raise PermissionError(f"{key}={path} cannot be read: {err.strerror}") from None
-    if not zipfile.is_zipfile(file):
+        raise PermissionError(f"ckpt_path={path} cannot be read: {err.strerror}") from None
+    if not is_zip:
         raise ValueError(
-            f"{key}={path} is not a checkpoint (torch.save writes a zip archive; this file is not one)"
+            f"ckpt_path={path} is not a checkpoint (torch.save writes a zip archive; this file is not one)"
         )
     return file
 
@@ -74,7 +72,7 @@ def is_sharded_checkpoint(path: Path) -> bool:
     return path.is_dir() and (path / "meta.pt").is_file()
 
 
-def load_checkpoint(path: str | Path, key: str = "ckpt_path") -> dict[str, Any]:
+def load_checkpoint(path: str | Path) -> dict[str, Any]:
     """The checkpoint's contents, loaded the safe way (`weights_only=True`, memory-mapped, on the CPU).
 
     A file that holds pickled Python objects other than tensors and plain data is refused before anything
@@ -85,26 +83,26 @@ def load_checkpoint(path: str | Path, key: str = "ckpt_path") -> dict[str, Any]:
     except pickle.UnpicklingError as err:
         detail = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ValueError(
-            f"{key}={path} holds Python objects that are not plain data, so it was not loaded (a pickle can run "
+            f"ckpt_path={path} holds Python objects that are not plain data, so it was not loaded (a pickle can run "
             f"code while loading; torch.load(weights_only=True) refused it: {detail}). This template's checkpoints "
             "hold only tensors and plain data; load a file from elsewhere only if you trust where it came from"
         ) from None
 
 
-def check_fits(model: torch.nn.Module, path: str | Path, key: str = "ckpt_path") -> None:
+def check_fits(model: torch.nn.Module, path: str | Path) -> None:
     """Refuse a checkpoint whose weights do not fit `model`, naming every tensor that differs."""
     if is_sharded_checkpoint(Path(path)):
         return  # FSDP shards: the strategy checks them as it loads them
-    state = load_checkpoint(path, key).get("state_dict")
+    state = load_checkpoint(path).get("state_dict")
     if state is None:
-        raise ValueError(f"{key}={path} has no state_dict: it is not a Lightning checkpoint of a model")
+        raise ValueError(f"ckpt_path={path} has no state_dict: it is not a Lightning checkpoint of a model")
     # torch.compile(net) elsewhere saves under `_orig_mod.`; ClassifierModule.on_load_checkpoint drops it.
     state = {name.replace("_orig_mod.", ""): tensor for name, tensor in state.items()}
     expected = model.state_dict()
     problems = [
         f"{name}: checkpoint {list(state[name].shape)}, model {list(tensor.shape)}"
         for name, tensor in expected.items()
-        if name in state and hasattr(state[name], "shape") and state[name].shape != tensor.shape
+        if name in state and state[name].shape != tensor.shape
     ][:10]
     for what, names in (
         ("missing from the checkpoint", [name for name in expected if name not in state]),
@@ -115,8 +113,7 @@ def check_fits(model: torch.nn.Module, path: str | Path, key: str = "ckpt_path")
                 f"{what}: {', '.join(names[:5])}" + (f" and {len(names) - 5} more" if len(names) > 5 else "")
             )
     if problems:
-        shown = "; ".join(problems)
         raise ValueError(
-            f"{key}={path} does not fit this model ({shown}); was it trained with another model=, model/net=, "
+            f"ckpt_path={path} does not fit this model ({'; '.join(problems)}); was it trained with another model=, model/net=, "
             "data= or mode= (compose the same options as its training run, or give its run_dir=)?"
         )
