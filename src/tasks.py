@@ -19,8 +19,6 @@ log = logging.getLogger(__name__)
 def train(cfg: DictConfig) -> dict[str, float]:
     """Fit the model (continuing a named run where it stopped), then test the best checkpoint."""
     resume = plan_resume(cfg)  # before anything heavy: a run that may not continue fails in a second
-    if resume is not None:
-        resume.apply_to_loggers(cfg)
     ckpt_path = cfg.get("ckpt_path") or (str(resume.checkpoint) if resume and resume.checkpoint else None)
     if ckpt_path is not None:
         check_checkpoint(ckpt_path)
@@ -74,14 +72,12 @@ def optimized_metric(cfg: DictConfig, metrics: dict[str, float]) -> float | None
 
 def _best_checkpoint(trainer) -> str | None:
     """Path of the best checkpoint saved during fit, or None (test the current weights) when there is none."""
-    callback = trainer.checkpoint_callback  # callbacks.model_checkpoint
-    best = getattr(callback, "best_model_path", "") if callback is not None else ""
+    best = getattr(trainer.checkpoint_callback, "best_model_path", None)  # callbacks.model_checkpoint
     if not best:
         log.warning(
             "No best checkpoint was saved (fast_dev_run or no ModelCheckpoint): testing the current weights"
         )
-        return None
-    return best
+    return best or None
 
 
 @rank_zero_only

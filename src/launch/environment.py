@@ -47,11 +47,6 @@ def torchrun_world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", 1))
 
 
-def _torchrun_has_agent_store() -> bool:
-    """torchrun's agent serves a TCP store at MASTER_ADDR:MASTER_PORT (true for every rendezvous since torch 2.3)."""
-    return os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-
-
 def run_dir_name(runs_dir: str, run_name: str | None = None, resume: str = "auto") -> str:
     """Name of this run's directory below `runs_dir`, the same in every process of one launch.
 
@@ -77,7 +72,8 @@ def run_dir_name(runs_dir: str, run_name: str | None = None, resume: str = "auto
         name = f"slurm-{job_id}"
     else:
         name = datetime.now().strftime(STAMP_FORMAT)
-    if torchrun_world_size() > 1 and _torchrun_has_agent_store():
+    # torchrun's agent serves a TCP store at MASTER_ADDR:MASTER_PORT (every rendezvous since torch 2.3).
+    if torchrun_world_size() > 1 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
         name = _share_from_rank_zero(_STAMP_KEY, name)
     return name
 

@@ -31,7 +31,6 @@ from hydra.types import RunMode
 from hydra.utils import get_original_cwd
 from lightning.pytorch import Trainer
 from lightning.pytorch.strategies import DDPStrategy
-from omegaconf import DictConfig
 
 from src.compat.lightning import WorkerObserver, replace_launcher_functions
 
@@ -52,27 +51,18 @@ _PARENT_ONLY_HYDRA_OVERRIDES = (
 )
 
 
-def _config_location_args(hydra_cfg: DictConfig) -> list[str]:
-    """`--config-name`, `--config-path` and `--config-dir` flags that find the job's configs again.
-
-    Read from the job's own Hydra config, not from sys.argv: inside a launcher plugin's job (a cluster's) the
-    command line is the plugin's.
-    """
-    args = [f"--config-name={hydra_cfg.job.config_name}"]
-    for source in hydra_cfg.runtime.config_sources:
-        if source.schema != "file":
-            continue
-        if source.provider == "main":
-            args.append(f"--config-path={source.path}")
-        elif source.provider == "command-line":
-            args.append(f"--config-dir={source.path}")
-    return args
-
-
 def worker_command(script: str, local_rank: int) -> tuple[list[str], str]:
     """Command and cwd that start DDP worker `local_rank` of `script` on the current job, and only that job."""
     hydra_cfg = HydraConfig.get()
-    command = [sys.executable, script, *_config_location_args(hydra_cfg)]
+    # The flags that find the job's configs again, from the job's own Hydra config rather than sys.argv:
+    # inside a launcher plugin's job (a cluster's) the command line is the plugin's.
+    flags = {"main": "--config-path", "command-line": "--config-dir"}
+    command = [sys.executable, script, f"--config-name={hydra_cfg.job.config_name}"]
+    command += [
+        f"{flags[source.provider]}={source.path}"
+        for source in hydra_cfg.runtime.config_sources
+        if source.schema == "file" and source.provider in flags
+    ]
     command += [o for o in hydra_cfg.overrides.hydra if not o.startswith(_PARENT_ONLY_HYDRA_OVERRIDES)]
     command += list(hydra_cfg.overrides.task)
     # The parent's run dir; the config (hydra/default.yaml) keeps a worker from writing the config

@@ -22,7 +22,10 @@ from typing import Any
 
 import lightning as L
 from hydra.core.hydra_config import HydraConfig
-from hydra.utils import get_object, instantiate
+from hydra.utils import (
+    get_object,  # [part: diagnostics]
+    instantiate,
+)
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.loggers import WandbLogger
@@ -107,7 +110,9 @@ def instantiate_run(run: Run, trainer: bool) -> None:
         run.model = instantiate(cfg.model)
     check_same_task(run.model, run.datamodule)
     if trainer:
-        callbacks = instantiate_group(for_this_task(cfg.get("callbacks"), run.model), "callbacks")
+        callbacks = cfg.get("callbacks")
+        callbacks = for_this_task(callbacks, run.model)  # [part: diagnostics]
+        callbacks = instantiate_group(callbacks, "callbacks")
         loggers = instantiate_group(cfg.get("logger"), "logger")
         log.info(f"Instantiating trainer <{cfg.trainer._target_}>")
         run.trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
@@ -125,6 +130,7 @@ def check_same_task(model: L.LightningModule, datamodule: L.LightningDataModule 
         )
 
 
+# part: diagnostics
 def for_this_task(group: DictConfig | None, model: L.LightningModule) -> dict[str, Any]:
     """The entries of a callbacks group that fit the model's task: one whose class lists the tasks it fits
     (`tasks`, e.g. ("classification",)) is left out, with one info line and before it is instantiated, when
@@ -144,6 +150,9 @@ def for_this_task(group: DictConfig | None, model: L.LightningModule) -> dict[st
             continue
         fitting[name] = conf
     return fitting
+
+
+# /part
 
 
 # The hooks Lightning calls on every callback at every batch.

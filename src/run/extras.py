@@ -2,7 +2,6 @@
 
 import logging
 import warnings
-from collections.abc import Sequence
 from pathlib import Path
 
 import rich.syntax
@@ -28,8 +27,9 @@ LIGHTNING_TIPS = (
 )
 
 
-def leave_out_upstream_noise() -> None:
-    """Leave out of the run's output what Lightning prints in every run and no user can act on (see above)."""
+def apply_extras(cfg: DictConfig) -> None:
+    """Run the conveniences of `cfg.extras` before anything heavy is instantiated, and leave out of the run's
+    output what Lightning prints in every run and no user can act on (see above)."""
     warnings.filterwarnings(
         "ignore",
         message=PYTREE_WARNING,
@@ -39,11 +39,6 @@ def leave_out_upstream_noise() -> None:
     logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(
         lambda record: not record.getMessage().startswith(LIGHTNING_TIPS)
     )
-
-
-def apply_extras(cfg: DictConfig) -> None:
-    """Run the conveniences of `cfg.extras` before anything heavy is instantiated."""
-    leave_out_upstream_noise()
     extras = cfg.get("extras") or {}
     if extras.get("ignore_warnings"):
         warnings.filterwarnings("ignore")
@@ -53,27 +48,18 @@ def apply_extras(cfg: DictConfig) -> None:
         )
     if extras.get("keep_freed_memory"):
         memory.keep_freed_memory()
-    if extras.get("print_config"):
-        print_config_tree(cfg, save_to=Path(cfg.paths.output_dir) / "config_tree.txt")
+    if extras.get("print_config") and environment.is_global_rank_zero():
+        print_config_tree(cfg, Path(cfg.paths.output_dir) / "config_tree.txt")
 
 
-def print_config_tree(
-    cfg: DictConfig,
-    order: Sequence[str] = ("data", "model", "callbacks", "logger", "trainer", "paths", "extras"),
-    save_to: Path | None = None,
-) -> None:
-    """Print the resolved config as a rich tree, main groups first, and save the same text to `save_to` (in
-    global rank 0 only). Free of torch and Lightning, like this module: the report uses it too."""
-    if not environment.is_global_rank_zero():
-        return
+def print_config_tree(cfg: DictConfig, save_to: Path) -> None:
+    """Print the resolved config as a rich tree, main groups first, and save the same text to `save_to`."""
+    order = ("data", "model", "callbacks", "logger", "trainer", "paths", "extras")
     tree = rich.tree.Tree("CONFIG", style="dim", guide_style="dim")
-    fields = [f for f in order if f in cfg] + [f for f in cfg if f not in order and f != "hydra"]
-    for field in fields:
-        branch = tree.add(field, style="bold", guide_style="dim")
+    for field in [f for f in order if f in cfg] + [f for f in cfg if f not in order and f != "hydra"]:
         value = cfg[field]
         text = OmegaConf.to_yaml(value, resolve=True) if isinstance(value, DictConfig) else str(value)
-        branch.add(rich.syntax.Syntax(text, "yaml"))
+        tree.add(field, style="bold", guide_style="dim").add(rich.syntax.Syntax(text, "yaml"))
     rich.print(tree)
-    if save_to is not None:
-        with open(save_to, "w") as file:
-            rich.print(tree, file=file)
+    with open(save_to, "w") as file:
+        rich.print(tree, file=file)

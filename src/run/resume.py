@@ -30,14 +30,6 @@ class Resume:
     previous: dict[str, Any]
     checkpoint: Path | None
 
-    def apply_to_loggers(self, cfg: DictConfig) -> None:
-        """Log to the same wandb run as the earlier attempt."""
-        wandb_id = self.previous.get("wandb_id")
-        if wandb_id and "wandb" in (cfg.get("logger") or {}):
-            with open_dict(cfg):
-                cfg.logger.wandb.id = wandb_id
-                cfg.logger.wandb.resume = "allow"
-
     def summary(self) -> dict[str, Any]:
         """What the run record keeps about it."""
         previous = {key: value for key, value in self.previous.items() if key != "config"}
@@ -45,7 +37,8 @@ class Resume:
 
 
 def plan_resume(cfg: DictConfig) -> Resume | None:
-    """None for a new run; the attempt to continue when the run dir already holds one (a named run)."""
+    """None for a new run; the attempt to continue when the run dir already holds one (a named run), whose
+    wandb run this attempt then logs to."""
     mode = cfg.get("resume", "never")
     if mode not in RESUME_MODES:
         raise ValueError(
@@ -69,6 +62,10 @@ def plan_resume(cfg: DictConfig) -> Resume | None:
             f"run {name} was started with another config ({'; '.join(changes)}); continue it with the same "
             f"settings, or start a new run: resume=never (it becomes {name}-2) or another run_name"
         )
+    if previous.get("wandb_id") and "wandb" in (cfg.get("logger") or {}):
+        with open_dict(cfg):
+            cfg.logger.wandb.id = previous["wandb_id"]
+            cfg.logger.wandb.resume = "allow"
     checkpoint = newest_checkpoint(run_dir)
     if checkpoint is None:
         log.warning(f"Run {name} stopped before its first checkpoint: training it again from the start")
