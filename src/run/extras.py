@@ -31,10 +31,7 @@ def apply_extras(cfg: DictConfig) -> None:
     """Run the conveniences of `cfg.extras` before anything heavy is instantiated, and leave out of the run's
     output what Lightning prints in every run and no user can act on (see above)."""
     warnings.filterwarnings(
-        "ignore",
-        message=PYTREE_WARNING,
-        category=FutureWarning,
-        module=r"lightning\.pytorch\.utilities\._pytree",
+        "ignore", PYTREE_WARNING, FutureWarning, r"lightning\.pytorch\.utilities\._pytree"
     )
     logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(
         lambda record: not record.getMessage().startswith(LIGHTNING_TIPS)
