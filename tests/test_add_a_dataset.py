@@ -135,7 +135,6 @@ def test_a_subclass_with_only_load_datasets_trains_tests_and_checkpoints(trained
         "datamodule": "stripes.StripesDataModule",
         "input_shape": [1, 8, 8],
         "image_mode": None,
-        "collate": "stack",
         "transform": None,
     }
 
@@ -271,12 +270,12 @@ def test_any_lightning_datamodule_is_recorded_as_one_that_does_not_say_how_to_re
     )
     module._trainer = SimpleNamespace(datamodule=LightningDataModule())  # what trainer.fit attaches
     module.setup("fit")
+    assert module.hparams.class_names == ["0", "1"]
+    # part: predict
     assert module.hparams.preprocessing == {
         "datamodule": "lightning.pytorch.core.datamodule.LightningDataModule",
         "transform": None,
     }
-    assert module.hparams.class_names == ["0", "1"]
-    # part: predict
     with pytest.raises(
         ValueError, match=r"lightning.pytorch.core.datamodule.LightningDataModule does not say"
     ):

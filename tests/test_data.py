@@ -66,7 +66,7 @@ def test_in_memory_batches_are_the_sample_by_sample_loaders_batches_in_the_same_
 
 
 def test_batches_need_tensor_datasets():
-    from src.data.components.tensor_batches import tensors_of
+    from src.data.in_memory_datamodule import tensors_of
 
     with pytest.raises(
         TypeError, match=r"data.loading=batches needs tensor datasets, but this split is a list"

@@ -640,6 +640,7 @@ def test_preprocessing_follows_the_weights_unless_the_data_config_sets_it(compos
     assert cfg.data.interpolation == weights.interpolation
     resize = cfg.data.transforms.val.transforms[1]  # the data's transforms read the filled keys
     assert resize.interpolation == weights.interpolation and list(resize.size) == [160, 160]
+    # part: predict
     # What checkpoints store for predict and export (TaskModule.setup asks the datamodule): the same.
     stored = instantiate(cfg.data, _convert_="all").inference_preprocessing()
     assert stored["input_shape"] == [3, 160, 160]
@@ -647,6 +648,7 @@ def test_preprocessing_follows_the_weights_unless_the_data_config_sets_it(compos
         step for step in stored["transform"]["transforms"] if step["_target_"].endswith("Normalize")
     )
     assert normalize["mean"] == list(weights.mean)
+    # /part
 
     cfg = compose_cfg("train", [*pretrained, "data.mean=[0.5,0.5,0.5]", "data.interpolation=nearest"])
     follow_the_weights(cfg)

@@ -182,12 +182,22 @@ def test_an_artifact_whose_outputs_have_another_shape_fails_its_parity_check(tra
         export_formats.check_parity(model, lambda x: model(x)[:, :9], torch.randn(8, 1, 8, 8), 1e-5, "rigged")
 
 
-def test_a_checkpoint_without_its_preprocessing_is_refused(trained: Path, tmp_path: Path):
-    checkpoint = load_checkpoint(trained / "checkpoints" / "best.ckpt")
-    del checkpoint["hyper_parameters"]["preprocessing"]  # as saved by an older version of the template
-    torch.save(checkpoint, tmp_path / "old.ckpt")
-    with pytest.raises(ValueError, match=r"does not say how its inputs were preprocessed"):
-        load_model(TrainedRun(tmp_path / "old.ckpt", None))
+def test_a_checkpoint_without_preprocessing_predicts_on_its_test_split_and_refuses_image_files(
+    trained: Path, digit_files: Path, tmp_path: Path, data_dir: Path
+):
+    """What a project that took predict after training has: checkpoints that record no preprocessing."""
+    run = tmp_path / "run"
+    shutil.copytree(trained, run)
+    checkpoint = load_checkpoint(run / "checkpoints" / "best.ckpt")
+    del checkpoint["hyper_parameters"]["preprocessing"]
+    torch.save(checkpoint, run / "checkpoints" / "best.ckpt")
+    result = run_cli("predict", f"run_dir={run}", log_dir=tmp_path / "logs", data_dir=data_dir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    files = run_cli(
+        "predict", f"run_dir={run}", f"inputs={digit_files}", log_dir=tmp_path / "logs", data_dir=data_dir
+    )
+    assert files.returncode != 0
+    assert "a checkpoint that records no preprocessing does not say how an image file becomes" in files.stderr
 
 
 def test_inputs_without_image_files_are_refused(tmp_path: Path):

@@ -92,11 +92,13 @@ def test_the_checkpoint_knows_the_class_names_and_how_to_read_an_image(segment_r
     checkpoint = torch.load(segment_run / "checkpoints" / "best.ckpt", map_location="cpu", weights_only=True)
     hparams = checkpoint["hyper_parameters"]
     assert hparams["class_names"] == CLASS_NAMES and hparams["num_classes"] == 11
+    # part: predict
     assert hparams["preprocessing"]["image_mode"] == "L" and hparams["preprocessing"]["input_shape"] == [
         1,
         64,
         64,
     ]
+    # /part
 
 
 def test_data_and_model_of_different_tasks_are_refused_before_training(tmp_path: Path, data_dir: Path):

@@ -94,7 +94,7 @@ def test_a_folder_of_images_and_masks_trains_tests_and_evaluates(tmp_path: Path)
     checkpoint = torch.load(run_dir / "checkpoints" / "best.ckpt", map_location="cpu", weights_only=True)
     assert checkpoint["hyper_parameters"]["class_names"] == ["background", "road", "car"]
     assert "val/miou" in str(checkpoint["callbacks"])  # the best checkpoint is chosen by val/miou
-    assert checkpoint["hyper_parameters"]["preprocessing"]["input_shape"] == [3, 32, 32]
+    assert checkpoint["hyper_parameters"]["preprocessing"]["input_shape"] == [3, 32, 32]  # [part: predict]
 
     evaluated = run_cli("eval", f"run_dir={run_dir}", log_dir=logs, data_dir=tmp_path / "data")
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
@@ -134,15 +134,19 @@ def test_the_transforms_move_image_and_mask_together_and_keep_the_mask_values(se
     assert torch.equal(mask, torch.from_numpy(bands[:32, columns.numpy()]))
 
 
+# part: predict
 def test_the_inference_transform_reads_an_image_file_alone(segmentation_folder, tmp_path: Path):
     write_folder(tmp_path, count=6)
     datamodule = segmentation_folder("data.split=[4,1,1]")
     preprocessing = datamodule.inference_preprocessing()
-    assert preprocessing["image_mode"] == "RGB" and preprocessing["collate"] == "stack"
+    assert preprocessing["image_mode"] == "RGB" and preprocessing.get("collate") is None  # PyTorch's
     image = Image.open(tmp_path / "images" / "img_2.png").convert(preprocessing["image_mode"])
     tensor = instantiate(preprocessing["transform"])(image)
     assert tuple(tensor.shape) == (3, 32, 32) and tensor.dtype == torch.float32
     assert torch.equal(tensor, datamodule.data_test.transform(image))
+
+
+# /part
 
 
 def test_a_mask_folder_inside_the_image_folder_holds_no_images(segmentation_folder, tmp_path: Path):

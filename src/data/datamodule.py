@@ -13,7 +13,6 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset, random_split
 
 from src.data.components.resumable import EpochShuffleSampler, ResumableBatchSampler, ResumableDataLoader
-from src.data.components.tensor_batches import TensorBatches
 
 log = logging.getLogger(__name__)
 
@@ -47,23 +46,16 @@ def assign_parts(sizes: Sequence[int], seed: int, labels: Sequence[int] | None =
     samples, shuffled by `seed` and then grouped by label when `labels` are given, are dealt to the parts in
     turn like cards, each part as often as its size says. So every class is spread over the parts in their
     proportions (a split or a fold misses a class only when that class has too few samples to share)."""
-    size = sum(sizes)
-    order = torch.randperm(size, generator=torch.Generator().manual_seed(seed))
+    order = torch.randperm(sum(sizes), generator=torch.Generator().manual_seed(seed))
     if labels is not None:
         order = order[torch.sort(torch.as_tensor(labels)[order], stable=True).indices]
     # Part i's k-th card is due at (k + 0.5) / sizes[i] of the deck; ties go to the lower part, so equal
     # sizes deal 0, 1, ..., 0, 1, ... in turn.
     due = torch.cat([(torch.arange(n) + 0.5) / n for n in sizes])
     parts = torch.repeat_interleave(torch.arange(len(sizes)), torch.as_tensor(sizes))
-    assigned = torch.empty(size, dtype=torch.long)
+    assigned = torch.empty(len(order), dtype=torch.long)
     assigned[order] = parts[torch.sort(due, stable=True).indices]
     return assigned
-
-
-def assign_folds(size: int, num_folds: int, seed: int, labels: Sequence[int] | None = None) -> torch.Tensor:
-    """Each sample's fold (0..num_folds-1) by `assign_parts`: fold sizes differ by at most one, and so do the
-    counts of each class."""
-    return assign_parts([len(range(fold, size, num_folds)) for fold in range(num_folds)], seed, labels)
 
 
 class DataModule(L.LightningDataModule):
@@ -74,16 +66,15 @@ class DataModule(L.LightningDataModule):
     training loader only: validation and test always see every sample. `split` and `split_seed` are for
     subclasses that draw their splits from one pool (`seeded_split`). `augment=False` asks for training
     samples without random augmentation (`debug=overfit` sets it): a subclass that augments honours it.
-    Override `inference_preprocessing` so that predict and export can read image files.
 
     k-fold cross-validation (`num_folds=k`): the train and val datasets of `load_datasets` are pooled, the pool
-    is cut into k folds by `split_seed` alone (`assign_folds`; the same folds on every run, rank and resume),
-    and the run trains on the other folds and validates on fold `fold`; the test split stays as it is. Each
-    fold holds every class in the pool's proportions when `fold_labels` gives the labels (classification
-    does). Validation samples must not get the training augmentation, so `fold_pool` gives the pool twice:
-    prepared as training samples (for the training folds) and as validation samples (for the validation
-    fold). A subclass whose train and val datasets are prepared differently (other transforms) overrides it;
-    the default refuses any datasets it cannot prove to be prepared alike.
+    is cut into k folds by `split_seed` alone (`assign_parts`: the same folds on every run, rank and resume;
+    fold sizes differ by at most one), and the run trains on the other folds and validates on fold `fold`;
+    the test split stays as it is. Each fold holds every class in the pool's proportions when `fold_labels`
+    gives the labels (classification does). Validation samples must not get the training augmentation, so
+    `fold_pool` gives the pool twice: prepared as training samples (for the training folds) and as validation
+    samples (for the validation fold). A subclass whose train and val datasets are prepared differently (other
+    transforms) overrides it; the default refuses any datasets it cannot prove to be prepared alike.
     """
 
     @property
@@ -137,30 +128,30 @@ class DataModule(L.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         world_size = self.trainer.world_size if self.trainer is not None else 1
         self.batch_size_per_device = split_batch_size(self.hparams.batch_size, world_size)
-        if self.data_train is None:
-            self.data_train, self.data_val, self.data_test = self.load_datasets()
-            if self.hparams.num_folds is not None:
-                self.data_train, self.data_val = self._fold(self.data_train, self.data_val)
-            for split, dataset in (
-                ("train", self.data_train),
-                ("val", self.data_val),
-                ("test", self.data_test),
-            ):
-                if len(dataset) == 0:
-                    raise ValueError(
-                        f"the {split} split of {self.name} is empty; check data.split and its files"
-                    )
-            self._check_shapes(self.data_train)
+        if self.data_train is not None:
+            return
+        self.data_train, self.data_val, self.data_test = self.load_datasets()
+        if self.hparams.num_folds is not None:
+            self.data_train, self.data_val = self._fold(self.data_train, self.data_val)
+        for split in ("train", "val", "test"):
+            if len(getattr(self, f"data_{split}")) == 0:
+                raise ValueError(f"the {split} split of {self.name} is empty; check data.split and its files")
+        shape, expected = list(self.data_train[0][0].shape), list(self.hparams.input_shape)
+        if shape != expected:
+            raise ValueError(
+                f"data.input_shape={expected} but {self.name} images have shape {shape}; "
+                "fix data.input_shape in the data config"
+            )
 
     def fold_pool(self, train: Dataset, val: Dataset) -> tuple[Dataset, Dataset]:
         """The train then the val samples as one pool, twice: prepared for training (the training folds are
         drawn from it) and for validation (the validation fold is). Here both are one dataset, for train and
-        val datasets that are Subsets of one dataset (`seeded_split`) or plain tensors: nothing prepares
+        val datasets that are Subsets of one dataset (`seeded_split`) or tensors of one class: nothing prepares
         their samples differently (InMemoryDataModule augments training batches, not its datasets)."""
         if isinstance(train, Subset) and isinstance(val, Subset) and train.dataset is val.dataset:
             pool = Subset(train.dataset, [*train.indices, *val.indices])
             return pool, pool
-        if type(train) is type(val) and type(train) in (TensorDataset, TensorBatches):
+        if isinstance(train, TensorDataset) and type(train) is type(val):
             pool = type(train)(*(torch.cat(pair) for pair in zip(train.tensors, val.tensors, strict=True)))
             return pool, pool
         raise NotImplementedError(
@@ -176,7 +167,7 @@ class DataModule(L.LightningDataModule):
 
     def _fold(self, train: Dataset, val: Dataset) -> tuple[Subset, Subset]:
         """The training folds and the validation fold `fold` of the train+val pool."""
-        num_folds, seed = self.hparams.num_folds, self.hparams.split_seed
+        num_folds = self.hparams.num_folds
         train_pool, val_pool = self.fold_pool(train, val)
         size = len(val_pool)
         if size < num_folds:
@@ -185,25 +176,16 @@ class DataModule(L.LightningDataModule):
                 f"choose 2..{size}"
             )
         labels = self.fold_labels(val_pool)
-        if labels is not None:
-            # Not an error: such a class still trains and validates, only not in every fold.
-            rare = {label: n for label, n in sorted(Counter(labels).items()) if n < num_folds}
-            if rare:
-                log.warning(
-                    f"data.num_folds={num_folds}: {self.name} has fewer samples than folds of class(es) "
-                    f"{rare} (class: samples), so some validation folds miss them"
-                )
-        in_fold = assign_folds(size, num_folds, seed, labels) == self.hparams.fold
+        # Not an error: such a class still trains and validates, only not in every fold.
+        if rare := {label: n for label, n in sorted(Counter(labels or []).items()) if n < num_folds}:
+            log.warning(
+                f"data.num_folds={num_folds}: {self.name} has fewer samples than folds of class(es) {rare} "
+                "(class: samples), so some validation folds miss them"
+            )
+        sizes = [len(range(fold, size, num_folds)) for fold in range(num_folds)]
+        in_fold = assign_parts(sizes, self.hparams.split_seed, labels) == self.hparams.fold
         train_indices, val_indices = torch.where(~in_fold)[0].tolist(), torch.where(in_fold)[0].tolist()
         return Subset(train_pool, train_indices), Subset(val_pool, val_indices)
-
-    def _check_shapes(self, dataset: Dataset) -> None:
-        image = dataset[0][0]
-        if list(image.shape) != list(self.hparams.input_shape):
-            raise ValueError(
-                f"data.input_shape={list(self.hparams.input_shape)} but {self.name} images have shape "
-                f"{list(image.shape)}; fix data.input_shape in the data config"
-            )
 
     def _loader(self, dataset: Dataset | None, train: bool) -> DataLoader:
         if dataset is None:
@@ -218,7 +200,7 @@ class DataModule(L.LightningDataModule):
             "prefetch_factor": self.hparams.prefetch_factor if workers > 0 else None,
         }
         if not train:
-            return DataLoader(dataset, batch_size=self.batch_size_per_device, shuffle=False, **settings)
+            return DataLoader(dataset, batch_size=self.batch_size_per_device, **settings)
         # Training: shuffled by (seed, epoch) and resumable mid-epoch (src/data/components/resumable.py).
         seed = self._shuffle_seed()
         sampler = EpochShuffleSampler(len(dataset), seed=seed)
@@ -237,31 +219,25 @@ class DataModule(L.LightningDataModule):
             return 0
         return int(torch.randint(0, 2**62, ()).item())
 
+    # part: predict
     def inference_preprocessing(self) -> dict[str, Any]:
         """How predict and export turn one image file into the net's input; stored in the model's checkpoints
         (TaskModule.setup), so a checkpoint needs neither this class nor its data to predict.
 
         Keys: `image_mode` (PIL mode the file is converted to: "L", "RGB"), `input_shape` ([C, H, W]),
-        `collate` ("stack" or "pad", see data/components/collate.py) and `transform` (a transforms-v2 config
-        from a PIL image to the float tensor `load_datasets` gives; plain data, e.g. built with
-        data.components.image_dataset.compose). A subclass that reads image files returns what its test
-        images go through (InMemoryDataModule's is an example).
+        `collate` (the dotted path of a collate function; null: PyTorch's default) and `transform` (a
+        transforms-v2 config from a PIL image to the float tensor `load_datasets` gives; plain data). A
+        subclass that reads image files returns what its test images go through (InMemoryDataModule's is an
+        example).
 
         This default cannot know how a subclass made its tensors (scaled how, normalised with what, or not
         from images at all), and a guess would give wrong predictions without an error. So its `transform`
         is None: training, eval, and predict and export on the test split work; image files are refused,
         naming this class.
         """
-        return {
-            "input_shape": list(self.hparams.input_shape),
-            "image_mode": None,
-            "collate": "stack",
-            "transform": None,
-        }
+        return {"input_shape": list(self.hparams.input_shape), "image_mode": None, "transform": None}
 
-    def predict_dataloader(self) -> DataLoader:
-        """The predict set is the test split: predictions line up with `trainer.test`'s samples."""
-        return self._loader(self.data_test, train=False)
+    # /part
 
     def train_dataloader(self) -> DataLoader:
         return self._loader(self.data_train, train=True)
@@ -270,4 +246,5 @@ class DataModule(L.LightningDataModule):
         return self._loader(self.data_val, train=False)
 
     def test_dataloader(self) -> DataLoader:
+        """Also predict's, when it runs on the test split: predictions line up with `trainer.test`'s samples."""
         return self._loader(self.data_test, train=False)

@@ -15,9 +15,11 @@ import torch.nn.functional as F
 from torch.utils.data import Dataset, TensorDataset
 
 from src.data.components.mnist5k_file import load_mnist5k
-from src.data.components.tensor_batches import TensorBatches, keep_batch
 from src.data.datamodule import seeded_split
-from src.data.in_memory_datamodule import standard_transform
+from src.data.in_memory_datamodule import (
+    TensorBatches,
+    standard_transform,  # [part: predict]
+)
 from src.data.segmentation_datamodule import SegmentationDataModule
 
 log = logging.getLogger(__name__)
@@ -111,7 +113,7 @@ class DigitScenesDataModule(SegmentationDataModule):
             )
         if len(scenes) != 3 or min(scenes) < 1:
             raise ValueError(f"data.scenes={list(scenes)} must give three positive counts: train, val, test")
-        self.collate_fn = keep_batch
+        self.collate_fn = list  # TensorBatches' batches are made already
         if class_names is None:  # the hyperparameters hold the arguments as given: name the classes there
             self.hparams.class_names = list(CLASS_NAMES)
 
@@ -176,6 +178,7 @@ class DigitScenesDataModule(SegmentationDataModule):
                 splits.append(TensorBatches(images, masks))
         return tuple(splits)
 
+    # part: predict
     def inference_preprocessing(self) -> dict[str, Any]:
         """An image file becomes what training saw: grayscale, resized to input_shape, scaled to [0, 1] and
         standardised with `mean`/`std`."""
@@ -183,6 +186,7 @@ class DigitScenesDataModule(SegmentationDataModule):
         return {
             "image_mode": "L",
             "input_shape": [channels, height, width],
-            "collate": "stack",
             "transform": standard_transform([height, width], [self.hparams.mean], [self.hparams.std]),
         }
+
+    # /part

@@ -18,7 +18,11 @@ from torch.utils.data import Dataset
 from src.data.classification_datamodule import ClassificationDataModule
 from src.data.components.collate import COLLATES
 from src.data.components.file_check import Files, check_files, decode, raise_first
-from src.data.components.image_dataset import ImageDataset, default_transform, default_transform_config
+from src.data.components.image_dataset import (
+    ImageDataset,
+    default_transform,
+    default_transform_config,  # [part: predict]
+)
 from src.data.components.labels import (
     ClassIndex,
     Sample,
@@ -157,15 +161,19 @@ class ImageFolderDataModule(ClassificationDataModule):
             ImageDataset(samples, val.transform, val.mode),
         )
 
+    # part: predict
     def inference_preprocessing(self) -> dict[str, Any]:
         """What the test images went through: their transforms config (test's, else val's), colour mode and
         batching."""
+        collate = COLLATES[self.hparams.collate]
         return {
             "image_mode": self.hparams.image_mode,
             "input_shape": list(self.hparams.input_shape),
-            "collate": self.hparams.collate,
+            "collate": f"{collate.__module__}.{collate.__name__}",
             "transform": self._transform_config("test") or default_transform_config(),
         }
+
+    # /part
 
     def _listed(self, stage: str) -> list[Sample] | None:
         """The samples of `stage`'s own source (None when it has none and is drawn from the train pool)."""

@@ -6,11 +6,59 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch.utils.data import TensorDataset
+from torch import Tensor
+from torch.utils.data import Dataset, Subset, TensorDataset
 
 from src.data.classification_datamodule import ClassificationDataModule
-from src.data.components.image_dataset import TO_FLOAT, TO_IMAGE, compose
-from src.data.components.tensor_batches import TensorBatches, keep_batch, tensors_of
+
+
+class TensorBatches(TensorDataset):
+    """A TensorDataset that serves whole batches: the DataLoader hands `__getitems__` a batch's indices, and
+    each tensor is indexed once, instead of `batch_size` calls to `__getitem__` and a collate. Its loaders
+    take `collate_fn=list`: the batch is made already."""
+
+    def __init__(self, *tensors: Tensor, device: torch.device | None = None) -> None:
+        super().__init__(*(tensor.to(device) for tensor in tensors))
+
+    def __getitems__(self, indices: list[int]) -> list[Tensor]:
+        index = torch.as_tensor(indices, device=self.tensors[0].device)
+        return [tensor[index] for tensor in self.tensors]
+
+
+def tensors_of(dataset: Dataset) -> tuple[Tensor, ...]:
+    """The rows of a TensorDataset, or of a Subset of one, in the dataset's order, as contiguous tensors."""
+    if isinstance(dataset, Subset):
+        return tuple(tensor[dataset.indices] for tensor in tensors_of(dataset.dataset))
+    if isinstance(dataset, TensorDataset):
+        return dataset.tensors
+    raise TypeError(
+        f"data.loading=batches needs tensor datasets, but this split is a {type(dataset).__name__}; "
+        "use data.loading=samples"
+    )
+
+
+def normalized_dataset(images: Tensor, labels: Tensor, mean: float, std: float) -> TensorDataset:
+    """Images scaled to [0, 1] as float32 (N, C, H, W), then standardised with the dataset's mean and std."""
+    return TensorDataset((images.float() - mean) / std, labels.long())
+
+
+# part: predict
+def standard_transform(size: list[int], mean: list[float], std: list[float]) -> dict[str, Any]:
+    """A transforms-v2 config (plain data, so checkpoints can hold it): PIL image -> resized float tensor in
+    [0, 1] -> standardised."""
+    v2, float32 = "torchvision.transforms.v2", {"_target_": "hydra.utils.get_object", "path": "torch.float32"}
+    return {
+        "_target_": f"{v2}.Compose",
+        "transforms": [
+            {"_target_": f"{v2}.ToImage"},
+            {"_target_": f"{v2}.Resize", "size": list(size), "antialias": True},
+            {"_target_": f"{v2}.ToDtype", "dtype": float32, "scale": True},
+            {"_target_": f"{v2}.Normalize", "mean": list(mean), "std": list(std)},
+        ],
+    }
+
+
+# /part
 
 
 class InMemoryDataModule(ClassificationDataModule):
@@ -18,14 +66,11 @@ class InMemoryDataModule(ClassificationDataModule):
 
     Every argument is documented in configs/data/mnist5k.yaml. `split` gives the sizes (or fractions) of the
     splits that `load_datasets` draws with `split_seed`; `mean`/`std` standardise pixels scaled to [0, 1]
-    (`normalized_dataset`), which is what `inference_preprocessing` assumes: override it for other tensors.
-    `loading` says how batches are made from the tensors (same samples, same order, whichever is chosen):
-    `samples` one sample at a time and a collate, as a custom Dataset would; `batches` (the default) a whole
-    batch with one indexing operation per tensor; `device` the same, from tensors moved once to the
-    accelerator (a GPU), so no batch is copied from the host.
+    (`normalized_dataset`). `loading` says how batches are made from the tensors (same samples, same order,
+    whichever is chosen): `samples` one sample at a time and a collate, as a custom Dataset would; `batches`
+    (the default) a whole batch with one indexing operation per tensor (TensorBatches); `device` the same,
+    from tensors moved once to the accelerator (a GPU), so no batch is copied from the host.
     """
-
-    LOADINGS = ("samples", "batches", "device")
 
     def __init__(
         self,
@@ -41,43 +86,31 @@ class InMemoryDataModule(ClassificationDataModule):
     ) -> None:
         """`settings`: the DataModule's (split_seed, folds, augment, batch_size, num_workers, ...; see there)."""
         super().__init__(num_classes=num_classes, input_shape=input_shape, split=split, **settings)
+        if loading not in ("samples", "batches", "device"):
+            raise ValueError(f"data.loading={loading} is not one of samples, batches, device")
         num_workers, pin_memory = self.hparams.num_workers, self.hparams.pin_memory
-        if loading not in self.LOADINGS:
-            raise ValueError(f"data.loading={loading} is not one of {', '.join(self.LOADINGS)}")
         if loading == "device" and (num_workers > 0 or pin_memory):
             raise ValueError(
                 f"data.loading=device serves batches from the accelerator's memory: it needs data.num_workers=0 "
                 f"and data.pin_memory=false (got {num_workers} and {pin_memory})"
             )
         if loading != "samples":
-            self.collate_fn = keep_batch
+            self.collate_fn = (
+                list  # TensorBatches' batches are made already (a builtin: workers can pickle it)
+            )
 
     def setup(self, stage: str | None = None) -> None:
         fresh = self.data_train is None
         super().setup(stage)
         if fresh and self.hparams.loading != "samples":
-            device = None
-            if self.hparams.loading == "device" and self.trainer is not None:
-                device = self.trainer.strategy.root_device
+            on_device = self.hparams.loading == "device" and self.trainer is not None
+            device = self.trainer.strategy.root_device if on_device else None
             self.data_train, self.data_val, self.data_test = (
                 TensorBatches(*tensors_of(split), device=device)
                 for split in (self.data_train, self.data_val, self.data_test)
             )
 
-    def inference_preprocessing(self) -> dict[str, Any]:
-        """An image file becomes what training saw: grayscale (or RGB), resized to input_shape, scaled to
-        [0, 1] and standardised with `mean`/`std`."""
-        channels, height, width = self.hparams.input_shape
-        return {
-            "image_mode": "L" if channels == 1 else "RGB",
-            "input_shape": [channels, height, width],
-            "collate": "stack",
-            "transform": standard_transform(
-                [height, width], [self.hparams.mean] * channels, [self.hparams.std] * channels
-            ),
-        }
-
-    def on_after_batch_transfer(self, batch: list[torch.Tensor], dataloader_idx: int) -> list[torch.Tensor]:
+    def on_after_batch_transfer(self, batch: list[Tensor], dataloader_idx: int) -> list[Tensor]:
         """Augment training batches on the device: shift each batch by up to `random_shift` pixels (unless
         `augment` is off)."""
         shift = self.hparams.random_shift if self.hparams.augment else 0
@@ -89,17 +122,17 @@ class InMemoryDataModule(ClassificationDataModule):
             batch = [padded[..., top : top + height, left : left + width], labels]
         return batch
 
+    # part: predict
+    def inference_preprocessing(self) -> dict[str, Any]:
+        """An image file becomes what training saw: grayscale (or RGB), resized to input_shape, scaled to
+        [0, 1] and standardised with `mean`/`std` (what `normalized_dataset` does: override it for other
+        tensors)."""
+        channels, height, width = self.hparams.input_shape
+        mean, std = [self.hparams.mean] * channels, [self.hparams.std] * channels
+        return {
+            "image_mode": "L" if channels == 1 else "RGB",
+            "input_shape": [channels, height, width],
+            "transform": standard_transform([height, width], mean, std),
+        }
 
-def standard_transform(size: list[int], mean: list[float], std: list[float]) -> dict[str, Any]:
-    """A transforms-v2 config: PIL image -> resized float tensor in [0, 1] -> standardised."""
-    return compose(
-        TO_IMAGE,
-        {"_target_": "torchvision.transforms.v2.Resize", "size": list(size), "antialias": True},
-        TO_FLOAT,
-        {"_target_": "torchvision.transforms.v2.Normalize", "mean": list(mean), "std": list(std)},
-    )
-
-
-def normalized_dataset(images: torch.Tensor, labels: torch.Tensor, mean: float, std: float) -> TensorDataset:
-    """Images scaled to [0, 1] as float32 (N, C, H, W), then standardised with the dataset's mean and std."""
-    return TensorDataset((images.float() - mean) / std, labels.long())
+    # /part

@@ -214,15 +214,17 @@ class SegmentationFolderDataModule(SegmentationDataModule):
         except ValueError as err:
             raise BadFileError(str(err)) from err
 
+    # part: predict
     def inference_preprocessing(self) -> dict[str, Any]:
         """What the test images go through: their transforms config (test's, else val's; it takes an image
-        alone as well as an image and mask), colour mode, stacked into batches."""
+        alone as well as an image and mask) and colour mode."""
         return {
             "image_mode": self.hparams.image_mode,
             "input_shape": list(self.hparams.input_shape),
-            "collate": "stack",
             "transform": self._transform_config("test"),
         }
+
+    # /part
 
     def _transform_config(self, stage: str) -> dict[str, Any]:
         """The transforms config of `stage`: test falls back to val's, train is test's when `augment` is off,

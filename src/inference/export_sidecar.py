@@ -16,11 +16,11 @@ def write_sidecar(
     artifact: Path, model: LightningModule, fmt: str, max_diff: float, tolerance: float, checkpoint: Path
 ) -> Path:
     """<artifact>.json: what the artifact expects and gives, and how it was checked."""
-    preprocessing = model.hparams.preprocessing
+    preprocessing = model.hparams.get("preprocessing") or {}  # none: trained before predict was added
     sidecar = artifact.with_name(artifact.name + ".json")
     if preprocessing.get("transform") is None:
         log.warning(
-            f"{sidecar.name}: the input preprocessing is null, since {preprocessing.get('datamodule')} does not "
+            f"{sidecar.name}: the input preprocessing is null, since {preprocessing.get('datamodule', 'the checkpoint')} does not "
             "say how an image file becomes the net's input; feed the artifact what its test split gives"
         )
     sidecar.write_text(

@@ -8,16 +8,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from hydra.utils import instantiate
+from hydra.utils import get_object, instantiate
 from lightning import LightningDataModule, LightningModule
 from omegaconf import DictConfig
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
-from src.data.components.collate import COLLATES
-from src.data.components.image_dataset import IMAGE_EXTENSIONS
 from src.inference.predictions import PredictInput
 from src.run.trained_run import TrainedRun, group_config
+
+# What a folder or a glob given as inputs= is searched for.
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 
 
 def image_transform(preprocessing: dict[str, Any]) -> Any:
@@ -62,19 +63,20 @@ class ImageFiles(Dataset):
         return self.transform(image), -1  # -1: no label
 
 
-def file_loader(files: list[Path], preprocessing: dict[str, Any], batch_size: int) -> DataLoader:
+def file_loader(files: list[Path], preprocessing: dict[str, Any] | None, batch_size: int) -> DataLoader:
     """Batches of image files, preprocessed as the checkpoint's datamodule says; refused when it does not say."""
+    preprocessing = preprocessing or {}
     if preprocessing.get("transform") is None:
-        owner = preprocessing.get("datamodule", "the training datamodule")
+        owner = preprocessing.get(
+            "datamodule", "the datamodule of a checkpoint that records no preprocessing"
+        )
         raise ValueError(
             f"{owner} does not say how an image file becomes the net's input; implement "
-            f"inference_preprocessing() in it (see ClassificationDataModule.inference_preprocessing) and "
+            f"inference_preprocessing() in it (see DataModule.inference_preprocessing) and "
             "retrain, or leave out inputs= to use the run's test split"
         )
-    collate = COLLATES[preprocessing.get("collate", "stack")]
-    return DataLoader(
-        ImageFiles(files, preprocessing), batch_size=batch_size, shuffle=False, collate_fn=collate
-    )
+    collate = get_object(preprocessing["collate"]) if preprocessing.get("collate") else None
+    return DataLoader(ImageFiles(files, preprocessing), batch_size=batch_size, collate_fn=collate)
 
 
 @dataclass
@@ -121,4 +123,4 @@ def inputs(cfg: DictConfig, source: TrainedRun, model: LightningModule, batch_si
     datamodule = instantiate(config, _convert_="all")
     datamodule.prepare_data()
     datamodule.setup("test")
-    return Inputs(loader=datamodule.predict_dataloader(), datamodule=datamodule)
+    return Inputs(loader=datamodule.test_dataloader(), datamodule=datamodule)

@@ -116,7 +116,7 @@ class SegmenterModule(TaskModule):
 
     def output_description(self) -> dict[str, Any]:
         # The net keeps the input's height and width; an export takes the training input's size.
-        size = (self.hparams.preprocessing.get("input_shape") or [None, "height", "width"])[1:]
+        size = ((self.hparams.get("preprocessing") or {}).get("input_shape") or [None, "height", "width"])[1:]
         return {
             "name": "logits",
             "meaning": "per-pixel logits over the classes",

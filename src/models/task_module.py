@@ -143,24 +143,25 @@ class TaskModule(L.LightningModule):
         return getattr(self, f"{stage}_{name}")
 
     def setup(self, stage: str) -> None:
-        # How inference turns an input file into the net's input, and what the classes are called (for a task
-        # with `num_classes` and `class_names` arguments): the datamodule says, once it is set up;
-        # its answer goes into checkpoints, with the datamodule's class, which an error can then name. A
-        # datamodule without the method (any LightningDataModule) is recorded as one that does not know:
-        # input files are then refused, not guessed.
+        # What the classes are called, for a task with `num_classes` and `class_names` arguments: the
+        # datamodule says once it is set up, and every checkpoint keeps it.
         try:
             datamodule = self.trainer.datamodule
         except RuntimeError:  # not attached to a Trainer
-            datamodule = None
-        if datamodule is not None:
-            known = getattr(datamodule, "inference_preprocessing", lambda: None)()
-            owner = f"{type(datamodule).__module__}.{type(datamodule).__qualname__}"
-            self.hparams.preprocessing = {"datamodule": owner, **(known or {"transform": None})}
-            if (
-                "class_names" in self.hparams and "num_classes" in self.hparams
-            ):  # a task whose outputs are classes
-                names = datamodule.hparams.get("class_names")
-                self.hparams.class_names = names_or_indices(names, self.hparams.num_classes)
+            return
+        if datamodule is None:
+            return
+        # part: predict
+        # How inference turns an input file into the net's input, with the datamodule's class, which an error
+        # can then name. A datamodule without the method (any LightningDataModule) is recorded as one that does
+        # not know: input files are then refused, not guessed.
+        known = getattr(datamodule, "inference_preprocessing", lambda: None)()
+        owner = f"{type(datamodule).__module__}.{type(datamodule).__qualname__}"
+        self.hparams.preprocessing = {"datamodule": owner, **(known or {"transform": None})}
+        # /part
+        if "class_names" in self.hparams and "num_classes" in self.hparams:
+            names = datamodule.hparams.get("class_names")
+            self.hparams.class_names = names_or_indices(names, self.hparams.num_classes)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # A net compiled with torch.compile(net) by other code saves its weights under `_orig_mod.`; this

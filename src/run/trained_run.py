@@ -159,11 +159,6 @@ def load_model(source: TrainedRun, module: str | None = None) -> LightningModule
         )
     overrides = {"compile": False} if "compile" in hparams else {}  # eager, whatever training used
     model = cls.load_from_checkpoint(source.checkpoint, map_location="cpu", weights_only=True, **overrides)
-    if not model.hparams.get("preprocessing"):
-        raise ValueError(
-            f"{source.checkpoint} does not say how its inputs were preprocessed (hyper_parameters.preprocessing); "
-            "it was saved by an older version of this template: retrain, or evaluate it with eval.py"
-        )
     return model.eval()
 
 
