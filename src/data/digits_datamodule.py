@@ -7,8 +7,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from src.data.datamodule import seeded_split
-from src.data.in_memory_datamodule import InMemoryDataModule, normalized_dataset
+from src.data.in_memory_datamodule import InMemoryDataModule
 
 
 def sklearn_digits_csv_path() -> Path:
@@ -29,8 +28,4 @@ class DigitsDataModule(InMemoryDataModule):
         # One row per digit: its 64 pixels, then its label (what sklearn.datasets.load_digits reads).
         rows = np.loadtxt(sklearn_digits_csv_path(), delimiter=",", dtype=np.float32)
         images = torch.from_numpy(rows[:, :-1]).reshape(-1, 1, 8, 8) / 16.0  # pixel values are 0..16
-        labels = torch.from_numpy(rows[:, -1].astype(np.int64))
-        self._check_labels(labels)
-        dataset = normalized_dataset(images, labels, self.hparams.mean, self.hparams.std)
-        train, val, test = seeded_split(dataset, self.hparams.split, self.hparams.split_seed, self.name)
-        return train, val, test
+        return self.split_images(images, torch.from_numpy(rows[:, -1].astype(np.int64)))

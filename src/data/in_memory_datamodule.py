@@ -10,6 +10,7 @@ from torch import Tensor
 from torch.utils.data import Dataset, Subset, TensorDataset
 
 from src.data.classification_datamodule import ClassificationDataModule
+from src.data.datamodule import seeded_split
 
 
 class TensorBatches(TensorDataset):
@@ -66,7 +67,7 @@ class InMemoryDataModule(ClassificationDataModule):
 
     Every argument is documented in configs/data/mnist5k.yaml. `split` gives the sizes (or fractions) of the
     splits that `load_datasets` draws with `split_seed`; `mean`/`std` standardise pixels scaled to [0, 1]
-    (`normalized_dataset`). `loading` says how batches are made from the tensors (same samples, same order,
+    (`split_images` does both). `loading` says how batches are made from the tensors (same samples, same order,
     whichever is chosen): `samples` one sample at a time and a collate, as a custom Dataset would; `batches`
     (the default) a whole batch with one indexing operation per tensor (TensorBatches); `device` the same,
     from tensors moved once to the accelerator (a GPU), so no batch is copied from the host.
@@ -109,6 +110,13 @@ class InMemoryDataModule(ClassificationDataModule):
                 TensorBatches(*tensors_of(split), device=device)
                 for split in (self.data_train, self.data_val, self.data_test)
             )
+
+    def split_images(self, images: Tensor, labels: Tensor) -> tuple[Dataset, ...]:
+        """The train/val/test splits (`split`, drawn with `split_seed`) of `images` scaled to [0, 1], standardised
+        with `mean`/`std`, once `labels` are checked against `num_classes`."""
+        self._check_labels(labels)
+        dataset = normalized_dataset(images, labels, self.hparams.mean, self.hparams.std)
+        return tuple(seeded_split(dataset, self.hparams.split, self.hparams.split_seed, self.name))
 
     def on_after_batch_transfer(self, batch: list[Tensor], dataloader_idx: int) -> list[Tensor]:
         """Augment training batches on the device: shift each batch by up to `random_shift` pixels (unless

@@ -9,8 +9,7 @@ import torch
 from torch.utils.data import Dataset
 
 from src.data.components.mnist5k_file import load_mnist5k
-from src.data.datamodule import seeded_split
-from src.data.in_memory_datamodule import InMemoryDataModule, normalized_dataset
+from src.data.in_memory_datamodule import InMemoryDataModule
 
 
 class MNIST5kDataModule(InMemoryDataModule):
@@ -27,10 +26,4 @@ class MNIST5kDataModule(InMemoryDataModule):
 
     def load_datasets(self) -> tuple[Dataset, Dataset, Dataset]:
         images, labels = load_mnist5k(self.cache_file)
-        labels = torch.from_numpy(labels)
-        self._check_labels(labels)
-        dataset = normalized_dataset(
-            torch.from_numpy(images).unsqueeze(1) / 255.0, labels, self.hparams.mean, self.hparams.std
-        )
-        train, val, test = seeded_split(dataset, self.hparams.split, self.hparams.split_seed, self.name)
-        return train, val, test
+        return self.split_images(torch.from_numpy(images).unsqueeze(1) / 255.0, torch.from_numpy(labels))
