@@ -190,7 +190,8 @@ def test_a_checkpoint_without_preprocessing_predicts_on_its_test_split_and_refus
     shutil.copytree(trained, run)
     checkpoint = load_checkpoint(run / "checkpoints" / "best.ckpt")
     del checkpoint["hyper_parameters"]["preprocessing"]
-    torch.save(checkpoint, run / "checkpoints" / "best.ckpt")
+    torch.save(checkpoint, tmp_path / "stripped.ckpt")  # not over the file it was read from (memory-mapped)
+    (tmp_path / "stripped.ckpt").replace(run / "checkpoints" / "best.ckpt")
     result = run_cli("predict", f"run_dir={run}", log_dir=tmp_path / "logs", data_dir=data_dir)
     assert result.returncode == 0, result.stderr[-3000:]
     files = run_cli(

@@ -67,10 +67,10 @@ class InMemoryDataModule(ClassificationDataModule):
 
     Every argument is documented in configs/data/mnist5k.yaml. `split` gives the sizes (or fractions) of the
     splits that `load_datasets` draws with `split_seed`; `mean`/`std` standardise pixels scaled to [0, 1]
-    (`split_images` does both). `loading` says how batches are made from the tensors (same samples, same order,
-    whichever is chosen): `samples` one sample at a time and a collate, as a custom Dataset would; `batches`
-    (the default) a whole batch with one indexing operation per tensor (TensorBatches); `device` the same,
-    from tensors moved once to the accelerator (a GPU), so no batch is copied from the host.
+    (`split_images` does both). `loading` says how batches are made from the tensors (same samples, same
+    order, whichever is chosen): `samples` one sample at a time and a collate, as a custom Dataset would;
+    `batches` (the default) a whole batch with one indexing operation per tensor (TensorBatches); `device`
+    the same, from tensors moved once to the accelerator (a GPU), so no batch is copied from the host.
     """
 
     def __init__(
@@ -96,9 +96,8 @@ class InMemoryDataModule(ClassificationDataModule):
                 f"and data.pin_memory=false (got {num_workers} and {pin_memory})"
             )
         if loading != "samples":
-            self.collate_fn = (
-                list  # TensorBatches' batches are made already (a builtin: workers can pickle it)
-            )
+            # TensorBatches' batches are made already; a builtin, so that worker processes can pickle it.
+            self.collate_fn = list
 
     def setup(self, stage: str | None = None) -> None:
         fresh = self.data_train is None
