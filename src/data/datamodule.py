@@ -136,7 +136,10 @@ class DataModule(L.LightningDataModule):
         for split in ("train", "val", "test"):
             if len(getattr(self, f"data_{split}")) == 0:
                 raise ValueError(f"the {split} split of {self.name} is empty; check data.split and its files")
-        shape, expected = list(self.data_train[0][0].shape), list(self.hparams.input_shape)
+        self._check_shapes(self.data_train)
+
+    def _check_shapes(self, dataset: Dataset) -> None:
+        shape, expected = list(dataset[0][0].shape), list(self.hparams.input_shape)
         if shape != expected:
             raise ValueError(
                 f"data.input_shape={expected} but {self.name} images have shape {shape}; "
