@@ -157,7 +157,13 @@ def sweep_problems(path: Path) -> list[str]:
             problem = reading_problem(name, value)
             problems += [problem] if problem else []
             readable[name] += [] if problem else [value]
-        problems += [] if samples(spec) else [f"parameter {name}: no values to check"]
+        problems += (
+            []
+            if samples(spec)
+            else [
+                f"parameter {name}: no value, values, min and max, or mu to check (nested parameters are a dict)"
+            ]
+        )
     GlobalHydra.instance().clear()
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
         # Each value is checked in a job whose other parameters are at their first value. The job of all the

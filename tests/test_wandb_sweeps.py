@@ -99,7 +99,7 @@ def agent_job(tmp_path: Path, *extra: str) -> tuple[Path, str]:
     values = {name: check.samples(spec)[0] for name, spec in sweep["parameters"].items()}
     # The agent's interpreter is `python` from the PATH; the tests' is this one.
     argv = check.agent_argv(sweep, values, python=sys.executable)
-    argv += ["logger.wandb.offline=true", "trainer.max_epochs=1", *extra]
+    argv += ["logger.wandb.offline=true", "trainer.max_epochs=1", "extras.print_config=false", *extra]
     argv += [f"paths.log_dir={tmp_path / 'logs'}", f"paths.data_dir={tmp_path / 'data'}"]
     # What the agent sets for the job's process (wandb_agent.py), which a user's shell never has: these
     # variables are the agent's, so setting them here is what the agent does, not a shortcut of the test.
@@ -118,6 +118,8 @@ def agent_job(tmp_path: Path, *extra: str) -> tuple[Path, str]:
     }
     result = subprocess.run(argv, cwd=ROOT, env=cli_env(**env), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
+    # wandb wrote into the run dir, not the agent's: only the agent's file is there
+    assert [path for path in agent_dir.rglob("*") if path.is_file()] == [params]
     return only_run_dir(tmp_path / "logs"), run_id
 
 
@@ -128,17 +130,12 @@ def assert_one_run_of_the_sweep(run_dir: Path, run_id: str) -> dict:
     assert len(list(run_dir.glob("wandb/offline-run-*"))) == 1
     wandb = wandb_run(run_dir)
     # The agent's run, in the sweep's project: not the config's project nor an id of the template's.
-    assert (wandb["run"].run_id, wandb["run"].sweep_id, wandb["run"].project) == (
-        run_id,
-        "swp00001",
-        "sweep-project",
-    )
+    run = wandb["run"]
+    assert run.run_id == run_id and run.sweep_id == "swp00001" and run.project == "sweep-project"
     config = wandb["config"]  # the resolved config, nested, with the run record
     assert config["model"]["optimizer"]["lr"] == 0.0003 and config["model"]["net"]["hidden_sizes"] == [64]
-    assert (
-        config["model"]["net"]["input_shape"] == [1, 8, 8]
-        and config["run"]["world_size"] == record["world_size"]
-    )
+    assert config["model"]["net"]["input_shape"] == [1, 8, 8]  # resolved, not "${data.input_shape}"
+    assert config["run"]["world_size"] == record["world_size"]
     return record
 
 
@@ -152,5 +149,7 @@ def test_an_agents_job_runs_offline_into_one_run_dir_and_one_wandb_run_of_the_sw
 def test_an_agents_job_on_two_ranks_is_one_run_dir_and_one_wandb_run_from_rank_zero(tmp_path: Path):
     # logger.wandb.id: the template gives wandb an id of its own when a named run resumes; under the agent
     # wandb keeps the agent's run id (and project) and ignores it, so the job stays in the sweep.
-    run_dir, run_id = agent_job(tmp_path, "trainer=ddp_sim", "logger.wandb.id=templateid")
+    run_dir, run_id = agent_job(
+        tmp_path, "trainer=ddp_sim", "trainer.devices=2", "logger.wandb.id=templateid"
+    )
     assert assert_one_run_of_the_sweep(run_dir, run_id)["world_size"] == 2
