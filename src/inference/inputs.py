@@ -63,8 +63,9 @@ class ImageFiles(Dataset):
         return self.transform(image), -1  # -1: no label
 
 
-def file_loader(files: list[Path], preprocessing: dict[str, Any] | None, batch_size: int) -> DataLoader:
-    """Batches of image files, preprocessed as the checkpoint's datamodule says; refused when it does not say."""
+def require_file_preprocessing(preprocessing: dict[str, Any] | None, instead: str) -> None:
+    """Refuse image files when the checkpoint's datamodule does not say how one becomes the net's input;
+    `instead` says what the user can do without them."""
     preprocessing = preprocessing or {}
     if preprocessing.get("transform") is None:
         owner = preprocessing.get(
@@ -73,8 +74,13 @@ def file_loader(files: list[Path], preprocessing: dict[str, Any] | None, batch_s
         raise ValueError(
             f"{owner} does not say how an image file becomes the net's input; implement "
             f"inference_preprocessing() in it (see DataModule.inference_preprocessing) and "
-            "retrain, or leave out inputs= to use the run's test split"
+            f"retrain, or {instead}"
         )
+
+
+def file_loader(files: list[Path], preprocessing: dict[str, Any] | None, batch_size: int) -> DataLoader:
+    """Batches of image files, preprocessed as the checkpoint's datamodule says; refused when it does not say."""
+    require_file_preprocessing(preprocessing, "leave out inputs= to use the run's test split")
     collate = get_object(preprocessing["collate"]) if preprocessing.get("collate") else None
     return DataLoader(ImageFiles(files, preprocessing), batch_size=batch_size, collate_fn=collate)
 

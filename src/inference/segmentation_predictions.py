@@ -36,6 +36,19 @@ def image_scores(mask: Tensor, target: Tensor, classes: int, ignore_index: int) 
     }
 
 
+def class_mask(probabilities: Tensor, size: tuple[int, int]) -> Tensor:
+    """The class index of each pixel at the input's own (height, width): the probabilities resized back
+    bilinearly when the preprocessing resized the image."""
+    if tuple(probabilities.shape[-2:]) != tuple(size):
+        probabilities = F.interpolate(probabilities[None].float(), size=tuple(size), mode="bilinear")[0]
+    return probabilities.argmax(dim=0)
+
+
+def mask_image(mask: Tensor, classes: int) -> Image.Image:
+    """A mask as an 8-bit single-channel image (16-bit past 256 classes), ready to save as PNG."""
+    return Image.fromarray(mask.cpu().numpy().astype(np.uint8 if classes <= 256 else np.uint16))
+
+
 class SegmentationPredictions(PredictionWriter):
     """Per image: `masks/<index>[_<file name>].png`, the class index of each pixel as an 8-bit single-channel
     image (16-bit past 256 classes) at the input's own size (the probabilities resized back bilinearly when
@@ -65,12 +78,9 @@ class SegmentationPredictions(PredictionWriter):
                     displayable(item.image.cpu()) * 255
                 )  # data.loading=device keeps the test split on the GPU
             size = picture.shape[:2]
-            if probabilities.shape[-2:] != size:  # the preprocessing resized the image
-                probabilities = F.interpolate(probabilities[None].float(), size=size, mode="bilinear")[0]
-            mask = probabilities.argmax(dim=0)
+            mask = class_mask(probabilities, size)
             name = f"{item.index:05d}" + (f"_{item.file.stem}" if item.file is not None else "")
-            dtype = np.uint8 if self.classes <= 256 else np.uint16
-            Image.fromarray(mask.numpy().astype(dtype)).save(self.out_dir / "masks" / f"{name}.png")
+            mask_image(mask, self.classes).save(self.out_dir / "masks" / f"{name}.png")
             preview = picture * (1 - PREVIEW_OPACITY) + self.colours[mask.numpy()] * PREVIEW_OPACITY
             Image.fromarray(preview.round().astype(np.uint8)).save(self.out_dir / "previews" / f"{name}.png")
             counts = torch.bincount(mask.flatten(), minlength=self.classes).tolist()

@@ -1,0 +1,206 @@
+"""A trained run served over HTTP (`python src/serve.py`): the same answers as predict, with batching off and
+on; bad requests refused with a 4xx and a reason, the server answering on; SIGTERM and Ctrl-C stopping it
+and every process it started."""
+
+import base64
+import io
+import json
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import requests
+from PIL import Image
+
+from src.inference.serving import answers_for
+from src.models.task_module import TaskModule
+from tests.conftest import free_port, only_run_dir, run_cli, start_cli
+
+STARTUP_TIMEOUT = (
+    120  # seconds: LitServe starts its processes and each loads the model (4 s on an idle machine)
+)
+
+
+@pytest.fixture(scope="module")
+def digit_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Six digits as PNG files of another size than the 8x8 the model saw; named <index>_<digit>.png."""
+    from sklearn.datasets import load_digits
+
+    folder = tmp_path_factory.mktemp("digits_png")
+    digits = load_digits()
+    for i in range(6):
+        pixels = (digits.images[i] * 255 / 16).astype(np.uint8)
+        Image.fromarray(pixels).resize((24, 24)).save(folder / f"{i}_{digits.target[i]}.png")
+    return folder
+
+
+def encoded(path_or_bytes: Path | bytes) -> dict[str, str]:
+    data = path_or_bytes.read_bytes() if isinstance(path_or_bytes, Path) else path_or_bytes
+    return {"image": base64.b64encode(data).decode("ascii")}
+
+
+def processes_under(pid: int) -> set[int]:
+    """The processes started by `pid`, and by those, as /proc lists them now."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # ended meanwhile
+        parents[int(stat.parent.name)] = int(fields[1])
+    found, todo = set(), [pid]
+    while todo:
+        parent = todo.pop()
+        children = {child for child, ppid in parents.items() if ppid == parent}
+        found |= children
+        todo += children
+    return found
+
+
+def running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+class Server:
+    """`python src/serve.py ...` started as a user starts it, on a free port; stopped by a signal."""
+
+    def __init__(self, tmp_path: Path, data_dir: Path, *overrides: str) -> None:
+        self.url = f"http://127.0.0.1:{free_port()}"
+        self.output = tmp_path / "serve.out"
+        port = self.url.rsplit(":", 1)[1]
+        self.process = start_cli(
+            "serve", *overrides, f"port={port}", "accelerator=cpu", "log_level=warning",
+            log_dir=tmp_path, data_dir=data_dir, output=self.output,
+        )  # fmt: skip
+        deadline = time.monotonic() + STARTUP_TIMEOUT
+        while not self.healthy():
+            assert self.process.poll() is None, self.log()
+            assert time.monotonic() < deadline, f"not healthy in {STARTUP_TIMEOUT} s\n{self.log()}"
+            time.sleep(0.2)
+        self.children = processes_under(self.process.pid)
+
+    def healthy(self) -> bool:
+        try:
+            return requests.get(f"{self.url}/health", timeout=5).status_code == 200
+        except requests.ConnectionError:
+            return False
+
+    def log(self) -> str:
+        return self.output.read_text()[-3000:] + Path(f"{self.output}.err").read_text()[-3000:]
+
+    def predict(self, **request) -> requests.Response:
+        return requests.post(f"{self.url}/predict", timeout=60, **request)
+
+    def stop(self, signal_number: int) -> float:
+        """Send the signal; the seconds until the server and every process it started have ended."""
+        start = time.monotonic()
+        self.process.send_signal(signal_number)
+        assert self.process.wait(timeout=60) == 0, self.log()
+        while any(running(pid) for pid in self.children):
+            assert time.monotonic() - start < 30, f"left running: {[p for p in self.children if running(p)]}"
+            time.sleep(0.1)
+        return time.monotonic() - start
+
+
+def predicted(digits_run: Path, digit_files: Path, tmp_path: Path, data_dir: Path) -> dict[str, dict]:
+    """predict's rows for the digit files, by file name."""
+    result = run_cli(
+        "predict",
+        f"run_dir={digits_run}",
+        f"inputs={digit_files}",
+        "top_k=10",
+        log_dir=tmp_path,
+        data_dir=data_dir,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = json.loads((only_run_dir(tmp_path, "predict") / "predictions.json").read_text())
+    return {Path(row["file"]).name: row for row in rows}
+
+
+def assert_same_as_predict(answers: dict[str, dict], rows: dict[str, dict]) -> None:
+    assert answers.keys() == rows.keys()
+    for name, answer in answers.items():
+        assert answer["class"] == rows[name]["predicted"], name
+        assert answer["class_name"] == rows[name]["predicted_name"], name
+        for entry in rows[name]["top_k"]:  # every class (top_k=10), most likely first
+            assert answer["probabilities"][entry["class"]] == pytest.approx(entry["probability"], abs=1e-6)
+
+
+@pytest.mark.slow
+def test_served_answers_equal_predicts_and_bad_requests_get_a_4xx_then_sigterm_stops_everything(
+    digits_run: Path, digit_files: Path, tmp_path: Path, data_dir: Path
+):
+    rows = predicted(digits_run, digit_files, tmp_path / "predict", data_dir)
+    server = Server(
+        tmp_path, data_dir, f"run_dir={digits_run}", "max_body_bytes=100000", "max_image_pixels=10000"
+    )
+    try:
+        files = sorted(digit_files.iterdir())
+        answers = {file.name: server.predict(json=encoded(file)) for file in files}
+        assert all(response.status_code == 200 for response in answers.values()), answers
+        assert_same_as_predict({name: response.json() for name, response in answers.items()}, rows)
+
+        good = encoded(files[0])
+        lab = io.BytesIO()
+        Image.new("LAB", (8, 8)).save(lab, format="TIFF")  # PIL cannot make a LAB image grayscale
+        large = io.BytesIO()
+        Image.new("L", (200, 200)).save(large, format="PNG")
+        bad = {
+            "not base64": (400, {"json": {"image": "#not base64#"}}, "image: not base64"),
+            "not an image": (400, {"json": encoded(b"%PDF-1.4 ...")}, "not an image file"),
+            "wrong channels": (400, {"json": encoded(lab.getvalue())}, "a LAB image cannot become L"),
+            "too many pixels": (413, {"json": encoded(large.getvalue())}, "over max_image_pixels=10000"),
+            "body too large": (413, {"json": {"image": "A" * 200_000}}, "over max_body_bytes=100000"),
+            "missing field": (422, {"json": {"picture": good["image"]}}, "body.image: Field required"),
+            "not JSON": (422, {"data": b"{image:", "headers": {"Content-Type": "application/json"}}, "JSON"),
+            "wrong content type": (415, {"data": b"\x89PNG", "headers": {"Content-Type": "image/png"}}, "image/png"),
+            "a pickle": (415, {"data": b"\x80\x04K\x01.", "headers": {"Content-Type": "application/octet-stream"}},
+                         "application/octet-stream"),
+        }  # fmt: skip
+        for what, (status, request, reason) in bad.items():
+            response = server.predict(**request)
+            assert response.status_code == status, (what, response.text)
+            detail = response.json()["detail"]
+            assert isinstance(detail, str) and "\n" not in detail and reason in detail, (what, detail)
+            assert server.predict(json=good).status_code == 200, what  # it still answers
+        assert "Traceback" not in server.log()
+    finally:
+        seconds = server.stop(signal.SIGTERM)
+    assert seconds < 15 and server.children, server.log()
+    assert "Traceback" not in server.log()
+
+
+@pytest.mark.slow
+def test_batched_answers_equal_predicts_and_ctrl_c_stops_everything(
+    digits_run: Path, digit_files: Path, tmp_path: Path, data_dir: Path
+):
+    rows = predicted(digits_run, digit_files, tmp_path / "predict", data_dir)
+    overrides = ["max_batch_size=4", "batch_timeout=0.5", "workers=2"]
+    server = Server(tmp_path, data_dir, f"run_dir={digits_run}", *overrides)
+    try:
+        files = sorted(digit_files.iterdir())
+        requests_ = [encoded(file) for file in files] + [{"image": "#not base64#"}]  # one bad one among them
+        with ThreadPoolExecutor(len(requests_)) as pool:  # at the same time: answered in batches
+            responses = list(pool.map(lambda request: server.predict(json=request), requests_))
+        assert responses[-1].status_code == 400  # refused alone: the others in its batch are answered
+        assert all(response.status_code == 200 for response in responses[:-1]), [r.text for r in responses]
+        assert_same_as_predict({file.name: r.json() for file, r in zip(files, responses, strict=False)}, rows)
+    finally:
+        seconds = server.stop(signal.SIGINT)
+    assert seconds < 15 and len(server.children) >= 4, server.log()  # 2 model processes, 2 HTTP ones, ...
+
+
+def test_a_task_module_that_cannot_serve_says_so_in_one_line():
+    class Regressor(TaskModule):
+        task = "regression"
+
+    with pytest.raises(ValueError) as refused:
+        answers_for(Regressor)
+    message = "Regressor (task: regression) cannot be served: serve answers the tasks classification"
+    assert message in str(refused.value) and "\n" not in str(refused.value)
