@@ -96,6 +96,8 @@ def segmentation_answers(model: LightningModule, outputs: Tensor, sizes: list) -
 
 
 # /part
+
+
 # What each kind of task module answers (its `task`), from its `predict_step` outputs and the images' sizes.
 ANSWERS: dict[str, Callable[[LightningModule, Tensor, list], list[dict[str, Any]]]] = {
     "classification": classification_answers,
