@@ -6,6 +6,8 @@ import base64
 import io
 import json
 import signal
+import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -17,11 +19,10 @@ from PIL import Image
 
 from src.inference.serving import answers_for
 from src.models.task_module import TaskModule
-from tests.conftest import free_port, only_run_dir, run_cli, start_cli
+from tests.conftest import ROOT, free_port, only_run_dir, run_cli, start_cli
 
-STARTUP_TIMEOUT = (
-    120  # seconds: LitServe starts its processes and each loads the model (4 s on an idle machine)
-)
+# Seconds until /health answers: LitServe starts its processes and each loads the model (4 s on an idle machine).
+STARTUP_TIMEOUT = 120
 
 
 @pytest.fixture(scope="module")
@@ -72,6 +73,7 @@ class Server:
 
     def __init__(self, tmp_path: Path, data_dir: Path, *overrides: str) -> None:
         self.url = f"http://127.0.0.1:{free_port()}"
+        tmp_path.mkdir(parents=True, exist_ok=True)
         self.output = tmp_path / "serve.out"
         port = self.url.rsplit(":", 1)[1]
         self.process = start_cli(
@@ -204,3 +206,53 @@ def test_a_task_module_that_cannot_serve_says_so_in_one_line():
         answers_for(Regressor)
     message = "Regressor (task: regression) cannot be served: serve answers the tasks classification"
     assert message in str(refused.value) and "\n" not in str(refused.value)
+
+
+@pytest.mark.slow
+def test_the_load_script_reports_both_servers_figures(digits_run: Path, tmp_path: Path):
+    output = tmp_path / "load.json"
+    command = [sys.executable, "scripts/serve_load.py", "--run-dir", str(digits_run), "--clients", "2"]
+    command += ["--seconds", "1", "--batch-size", "4", "--output", str(output)]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "batching on / off:" in result.stdout
+    figures = json.loads(output.read_text())
+    for name, batch_size in (("batching_off", 1), ("batching_on", 4)):
+        row = figures[name]
+        assert row["max_batch_size"] == batch_size and row["requests"] > 0 and row["errors"] == 0, row
+        assert row["requests_per_sec"] > 0 and 0 < row["p50_ms"] <= row["p99_ms"], row
+    assert figures["ratio_requests_per_sec"] > 0
+
+
+# part: segmentation
+@pytest.mark.slow
+def test_a_served_segmenter_answers_predicts_masks(segment_run: Path, tmp_path: Path, data_dir: Path):
+    from hydra.utils import instantiate
+
+    config = json.loads((segment_run / "run.json").read_text())["config"]["data"]
+    with np.load(instantiate(config).cache_file) as cached:  # a scene the run was tested on, as uint8
+        scene = cached["test_scenes"][0]
+    files = tmp_path / "scenes"
+    files.mkdir()
+    Image.fromarray(scene).save(files / "scene.png")
+    Image.fromarray(scene).resize((70, 50)).save(files / "wide.png")  # answered at its own size
+    result = run_cli(
+        "predict", f"run_dir={segment_run}", f"inputs={files}", log_dir=tmp_path, data_dir=data_dir
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = json.loads((only_run_dir(tmp_path, "predict") / "predictions.json").read_text())
+    server = Server(tmp_path / "serve", data_dir, f"run_dir={segment_run}")
+    try:
+        for row in rows:
+            answer = server.predict(json=encoded(Path(row["file"])))
+            assert answer.status_code == 200, answer.text
+            served = Image.open(io.BytesIO(base64.b64decode(answer.json()["mask_png"])))
+            with Image.open(only_run_dir(tmp_path, "predict") / row["mask"]) as written:
+                assert np.array_equal(np.asarray(served), np.asarray(written)), row["file"]
+            assert (answer.json()["height"], answer.json()["width"]) == (row["height"], row["width"])
+            assert len(answer.json()["class_names"]) == len(row["class_shares"])
+    finally:
+        server.stop(signal.SIGTERM)
+
+
+# /part

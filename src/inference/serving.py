@@ -142,6 +142,7 @@ class ModelAPI(litserve.LitAPI):
             data = base64.b64decode(request.image, validate=True)
         except (binascii.Error, ValueError):
             return Refused(400, f"image: not base64; send {REQUEST_FORMAT}")
+        mode = "unknown"
         try:
             with Image.open(io.BytesIO(data)) as file:
                 width, height = file.size
