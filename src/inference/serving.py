@@ -24,14 +24,15 @@ import torch
 from fastapi import HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from hydra.utils import get_object
 from lightning import LightningModule
 from omegaconf import DictConfig
 from PIL import Image, UnidentifiedImageError
 from pydantic import BaseModel
 from torch import Tensor
+from torch.utils.data import default_collate
 
 from src.common.classes import names_or_indices
-from src.data.components.collate import COLLATES
 from src.inference.inputs import image_transform, require_file_preprocessing
 from src.inference.segmentation_predictions import class_mask, mask_image  # [part: segmentation]
 from src.run.extras import apply_extras
@@ -130,11 +131,11 @@ class ModelAPI(litserve.LitAPI):
         self.answers = answers_for(type(self.model))
         preprocessing = self.model.hparams.preprocessing
         self.mode, self.transform = preprocessing["image_mode"], image_transform(preprocessing)
-        self.collate = COLLATES[preprocessing.get("collate", "stack")]
-        # Stacked into batches, every image must come out of the preprocessing at the training input's shape.
-        self.shape = (
-            preprocessing.get("input_shape") if preprocessing.get("collate", "stack") == "stack" else None
-        )
+        # The datamodule's own collate (a dotted path, e.g. padding mixed sizes), else PyTorch's, which stacks:
+        # then every image must come out of the preprocessing at the training input's shape.
+        collate = preprocessing.get("collate")
+        self.collate = get_object(collate) if collate else default_collate
+        self.shape = None if collate else preprocessing.get("input_shape")
 
     def decode_request(self, request: ImageRequest) -> Decoded | Refused:
         """The image as the net's input, read as predict reads an image file; a Refused for what is not."""
