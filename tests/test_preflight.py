@@ -33,7 +33,7 @@ def test_cpu_precisions_pass(compose_cfg, no_gpu, precision):
 
 def test_an_unknown_precision_lists_the_valid_ones(compose_cfg):
     with pytest.raises(
-        ValueError, match=r"trainer.precision=17 is not a precision; choose one of 32, 64, .*bf16-mixed"
+        ValueError, match=r"trainer.precision=17 is not valid: expected one of .*16-mixed.*bf16-mixed"
     ):
         check(compose_cfg, "trainer.precision=17")
 
@@ -49,6 +49,7 @@ def test_fp16_autocast_on_the_cpu_is_refused_not_silently_swapped(compose_cfg, n
 
 def test_fp16_autocast_passes_on_a_gpu(compose_cfg, one_gpu):
     check(compose_cfg, "trainer=gpu", "trainer.precision=16-mixed")
+    check(compose_cfg, "trainer=ddp", "trainer.devices=-1")  # all GPUs there are; too many: Lightning says so
 
 
 @pytest.mark.parametrize("preset", ["fsdp", "deepspeed"])
@@ -70,36 +71,12 @@ def test_fsdp_passes_on_a_gpu(compose_cfg, one_gpu):
     check(compose_cfg, "trainer=fsdp", "trainer.devices=1", "trainer.precision=bf16-mixed")
 
 
-def test_deepspeed_without_its_extra_names_the_extra(compose_cfg, one_gpu, monkeypatch):
-    real_find_spec = preflight.importlib.util.find_spec
-    monkeypatch.setattr(
-        preflight.importlib.util,
-        "find_spec",
-        lambda name: None if name == "deepspeed" else real_find_spec(name),
-    )
-    with pytest.raises(ModuleNotFoundError, match=r"pip install -e '\.\[deepspeed\]'"):
-        check(compose_cfg, "trainer=deepspeed", "trainer.devices=1")
-
-
 def test_a_gpu_trainer_without_a_gpu_says_what_to_use(compose_cfg, no_gpu):
     with pytest.raises(
         ValueError,
         match=r"trainer.accelerator=gpu needs a CUDA GPU, but none is visible here; use trainer=cpu, or trainer=ddp_sim",
     ):
         check(compose_cfg, "trainer=ddp")
-
-
-def test_more_gpus_than_the_machine_has_are_refused(compose_cfg, one_gpu):
-    with pytest.raises(
-        ValueError,
-        match=r"trainer.devices=4 asks for 4 GPUs, but this machine has 1; choose trainer.devices=1",
-    ):
-        check(compose_cfg, "trainer=ddp", "trainer.devices=4")
-    with pytest.raises(
-        ValueError, match=r"trainer.devices=\[0, 2\] names GPU 2, but this machine has GPUs 0..0"
-    ):
-        check(compose_cfg, "trainer=ddp", "trainer.devices=[0,2]")
-    check(compose_cfg, "trainer=ddp", "trainer.devices=-1")  # all GPUs there are
 
 
 def test_more_cpu_processes_than_cores_are_allowed(compose_cfg, no_gpu):

@@ -22,10 +22,6 @@ release breaks it (the weekly CI job against the newest Lightning is there to no
   the end of fit, and of test, waits up to 1/refresh_rate s each (Lightning PR #21321 made the thread sleep
   rather than wait on an event). When it breaks: `wake_refresh_thread` leaves a thread it does not know
   alone, and the bar only stops more slowly.
-- `_PRECISION_INPUT_STR_ALIAS_CONVERSION`: the short forms of `trainer.precision` ("16" -> "16-mixed") for
-  src/run/preflight.py, which checks the value before anything is built. No upstream issue: Lightning has
-  no public name for the mapping. When it breaks: the import fails; copy the mapping from Lightning's
-  `precision.py`.
 - `_every_n_train_steps` and `_train_time_interval` of `ModelCheckpoint`: src/run/builder.py lets
   Lightning skip the checkpoint's batch hook when it saves only at epoch ends (`saves_within_epochs`); its
   idle hooks cost the MLP benchmark case a few percent of a step (make bench). No
@@ -41,12 +37,9 @@ release breaks it (the weekly CI job against the newest Lightning is there to no
 import subprocess
 from collections.abc import Callable
 
-from lightning.fabric.plugins.precision.precision import _PRECISION_INPUT_STR_ALIAS_CONVERSION
 from lightning.fabric.strategies.launchers import subprocess_script as fabric_launcher
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.strategies.launchers import subprocess_script as pytorch_launcher
-
-PRECISION_ALIASES: dict[str, str] = dict(_PRECISION_INPUT_STR_ALIAS_CONVERSION)
 
 
 def saves_within_epochs(checkpoint: ModelCheckpoint) -> bool:
