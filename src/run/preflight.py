@@ -56,9 +56,10 @@ def check_run(cfg: DictConfig) -> None:
     if "trainer" in cfg:
         check_trainer(cfg.trainer)
     check_values(cfg)
-    check_components(cfg)
+    check_components(cfg)  # [part: pretrained]
 
 
+# part: pretrained
 def check_components(cfg: DictConfig) -> None:
     """The checks that the model's class and each callback's keep for themselves: a class named by a config's
     `_target_` may have a class method `check_config(cfg, key)` that refuses what cannot work with the rest of the
@@ -80,6 +81,9 @@ def target_class(conf: DictConfig) -> type:
     except Exception:
         return object
     return cls if inspect.isclass(cls) else object
+
+
+# /part
 
 
 def check_values(cfg: DictConfig) -> None:
