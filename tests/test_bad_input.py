@@ -96,7 +96,8 @@ def test_a_nan_loss_stops_the_run_before_it_reaches_the_weights(tmp_path: Path, 
     result = run_cli("train", *DIGITS_MLP, "data.std=0", log_dir=tmp_path, data_dir=data_dir)
     assert result.returncode != 0
     assert (
-        "the training loss is nan at epoch 0, step 0: stopped before it reached the weights" in result.stderr
+        "the training loss is NaN/Inf at epoch 0, step 0: stopped before it reached the weights"
+        in result.stderr
     )
     assert not list(
         only_run_dir(tmp_path).glob("checkpoints/*.ckpt")
@@ -111,17 +112,17 @@ def test_a_first_loss_far_from_ln_num_classes_is_warned_about(tmp_path: Path, da
     assert "far from ln(10) = 2.3, what an untrained classifier should give" in result.stdout + result.stderr
 
 
-def test_unused_parameters_are_named_and_gradient_norms_logged(compose_cfg, caplog):
+def test_unused_parameters_are_named(compose_cfg, caplog):
     cfg = compose_cfg("train", DIGITS_MLP)
     model = instantiate(cfg.model)
     model.unused = torch.nn.Linear(2, 2)  # a layer the loss never reaches
     datamodule = instantiate(cfg.data, _convert_="all")
-    guards = TrainingGuards(log_grad_norm=True)
-    trainer = L.Trainer(fast_dev_run=True, callbacks=[guards], logger=False, enable_progress_bar=False)
+    trainer = L.Trainer(
+        fast_dev_run=True, callbacks=[TrainingGuards()], logger=False, enable_progress_bar=False
+    )
     with caplog.at_level(logging.WARNING):
         trainer.fit(model, datamodule=datamodule)
     assert "2 parameter(s) got no gradient in the first step: unused.weight, unused.bias" in caplog.text
-    assert trainer.callback_metrics["grad_2.0_norm_total"] > 0
     assert "far from ln(10)" not in caplog.text  # a normal first loss draws no warning
 
 
@@ -143,7 +144,7 @@ def test_off_a_single_cpu_the_nan_check_reads_its_flag_every_n_steps_and_at_epoc
         max_epochs=1, limit_train_batches=limit, callbacks=[guards], logger=False, enable_progress_bar=False
     )
     with pytest.raises(
-        FloatingPointError, match=re.escape(f"the training loss was NaN/Inf {read_at}")
+        FloatingPointError, match=re.escape(f"the training loss is NaN/Inf {read_at}")
     ) as error:
         trainer.fit(instantiate(cfg.model), datamodule=instantiate(cfg.data, _convert_="all"))
     assert f"(read every {every} steps; callbacks.training_guards.nonfinite_every_n_steps=1" in str(

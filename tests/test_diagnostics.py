@@ -6,7 +6,9 @@ from pathlib import Path
 
 import lightning as L
 import pytest
+from hydra.utils import instantiate
 
+from src.callbacks.training_guards import TrainingGuards
 from src.run.builder import instantiate_group, skip_idle_batch_hooks
 from tests.conftest import CONFIG_DIR, ROOT, last_metrics, only_run_dir, run_cli
 
@@ -124,6 +126,14 @@ def test_a_batch_hook_runs_when_a_setting_needs_it(compose_cfg, tmp_path: Path):
     ):
         assert callable(getattr(by_name[name], hook)), f"{name}.{hook}"
     assert by_name["RNGState"].on_train_batch_start is None  # never any work to do
+
+
+def test_the_training_guards_log_the_gradient_norm_when_asked(compose_cfg):
+    cfg = compose_cfg("train", ["data=digits", "model/net=mlp"])
+    guards = TrainingGuards(log_grad_norm=True)
+    trainer = L.Trainer(fast_dev_run=True, callbacks=[guards], logger=False, enable_progress_bar=False)
+    trainer.fit(instantiate(cfg.model), datamodule=instantiate(cfg.data, _convert_="all"))
+    assert trainer.callback_metrics["grad_2.0_norm_total"] > 0
 
 
 def test_debug_presets_draw_no_pictures(compose_cfg):

@@ -1,12 +1,11 @@
 """Guards against the classic training pitfalls: a suspicious first loss, a NaN/Inf loss, unused parameters."""
 
 import logging
-import math
 from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.utilities import grad_norm
+from lightning.pytorch.utilities import grad_norm  # [part: diagnostics]
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +34,7 @@ class TrainingGuards(L.Callback):
         stop_on_nonfinite: bool = True,
         nonfinite_every_n_steps: int | None = None,
         warn_unused_parameters: bool = True,
-        log_grad_norm: bool = False,
+        log_grad_norm: bool = False,  # [part: diagnostics]
     ) -> None:
         if nonfinite_every_n_steps is not None and nonfinite_every_n_steps < 1:
             raise ValueError(
@@ -46,7 +45,7 @@ class TrainingGuards(L.Callback):
         self.stop_on_nonfinite = stop_on_nonfinite
         self.nonfinite_every_n_steps = nonfinite_every_n_steps
         self.warn_unused_parameters = warn_unused_parameters
-        self.log_grad_norm = log_grad_norm
+        self.log_grad_norm = log_grad_norm  # [part: diagnostics]
         self._first_step = False
         self._interval = 1
         self._bad_steps: torch.Tensor | int = 0  # on the device: non-finite losses since the last read
@@ -54,7 +53,9 @@ class TrainingGuards(L.Callback):
 
     def idle_batch_hooks(self, trainer: L.Trainer) -> list[str]:
         """The hooks this run does not need, which Lightning then skips (src/run/builder.py)."""
-        idle = [] if self.log_grad_norm else ["on_before_optimizer_step"]
+        idle = []
+        if not self.log_grad_norm:  # [part: diagnostics]
+            idle.append("on_before_optimizer_step")  # [part: diagnostics]
         if not self.stop_on_nonfinite or self._read_interval(trainer) == 1:
             idle.append("on_train_batch_end")  # nothing counted on the device to read back
         return idle
@@ -73,20 +74,11 @@ class TrainingGuards(L.Callback):
     def on_before_backward(
         self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor
     ) -> None:
-        if self.stop_on_nonfinite and self._interval == 1:
-            value = loss.item()  # free on one CPU process; elsewhere a host sync, as asked for
-            broken = not math.isfinite(value)
-            shown = value if broken else "NaN/Inf on another rank"
-            if trainer.world_size > 1:  # every rank stops together, whichever one saw it
-                broken = trainer.strategy.reduce_boolean_decision(broken, all=False)
-            if broken:
-                raise FloatingPointError(
-                    f"the training loss is {shown} at epoch {trainer.current_epoch}, step {trainer.global_step}: "
-                    "stopped before it reached the weights; " + FIXES
-                )
-        elif self.stop_on_nonfinite:  # counted on the device, read in on_train_batch_end: no sync here
+        if self.stop_on_nonfinite:  # counted on the device; read here on one CPU process, else every N steps
             self._bad_steps = self._bad_steps + (~torch.isfinite(loss.detach()).all()).int()
             self._unread += 1
+            if self._interval == 1:
+                self._stop_if_nonfinite(trainer)
         if self._first_step and self.check_initial_loss and trainer.is_global_zero:
             expected = getattr(pl_module, "initial_loss", lambda: None)()  # TaskModule.initial_loss
             if expected is not None and not expected[0] / 2 <= loss.item() <= expected[0] * 2:
@@ -112,21 +104,30 @@ class TrainingGuards(L.Callback):
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         # Every rank reads at the same steps (and at the epoch's last batch, before its validation and
-        # checkpoints), so the collective below matches up.
-        if not self._unread or (
-            self._unread < self._interval and batch_idx + 1 < trainer.num_training_batches
-        ):
-            return
+        # checkpoints), so the collective matches up.
+        if self._unread >= self._interval or (self._unread and batch_idx + 1 >= trainer.num_training_batches):
+            self._stop_if_nonfinite(trainer)
+
+    def _stop_if_nonfinite(self, trainer: L.Trainer) -> None:
+        """Read the count of non-finite losses since the last read; every rank stops if one saw any."""
         bad, steps = int(self._bad_steps), self._unread
         self._bad_steps, self._unread = 0, 0
-        if trainer.strategy.reduce_boolean_decision(bad > 0, all=False):
-            where = f"in {bad} of" if bad else "on another rank in one of"
-            raise FloatingPointError(
-                f"the training loss was NaN/Inf {where} the {steps} steps up to epoch {trainer.current_epoch}, step "
-                f"{trainer.global_step} (read every {self._interval} steps; callbacks.training_guards."
-                "nonfinite_every_n_steps=1 stops at the first one, at one host sync per step); " + FIXES
+        if not trainer.strategy.reduce_boolean_decision(bad > 0, all=False):
+            return
+        at = f"epoch {trainer.current_epoch}, step {trainer.global_step}"
+        if self._interval == 1:
+            where = f"at {at}{'' if bad else ' on another rank'}: stopped before it reached the weights"
+        else:
+            where = (
+                f"{f'in {bad} of' if bad else 'on another rank in one of'} the {steps} steps up to {at} (read "
+                f"every {self._interval} steps; callbacks.training_guards.nonfinite_every_n_steps=1 stops at the "
+                "first one, at one host sync per step)"
             )
+        raise FloatingPointError(f"the training loss is NaN/Inf {where}; " + FIXES)
 
+    # part: diagnostics
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer) -> None:
         if self.log_grad_norm:
             pl_module.log_dict(grad_norm(pl_module, norm_type=2))
+
+    # /part
