@@ -26,12 +26,6 @@ def _arms(hint: Any) -> list[Any]:
     return [hint]
 
 
-def _literals(hint: Any) -> list[Any]:
-    return [
-        value for arm in _arms(hint) if typing.get_origin(arm) is typing.Literal for value in get_args(arm)
-    ]
-
-
 # Strategies Lightning runs on CUDA GPUs only, by the prefix of their registered name or class.
 GPU_ONLY_STRATEGIES = {"fsdp": "trainer=fsdp", "deepspeed": "trainer=deepspeed"}
 
@@ -138,17 +132,12 @@ _PLAIN = (int, float, bool, str, type(None))
 
 def _matches(value: Any, hint: Any) -> bool:
     """Whether `value` fits one arm of `hint`; a bool is not a number here (YAML's true is no max_epochs)."""
-    if any(value == literal and type(value) is type(literal) for literal in _literals(hint)):
-        return True
     for arm in _arms(hint):
         if typing.get_origin(arm) is typing.Literal:
-            continue
-        if arm not in _PLAIN:
+            if any(value == literal and type(value) is type(literal) for literal in get_args(arm)):
+                return True
+        elif arm not in _PLAIN or type(value) is arm or (arm is float and type(value) is int):
             return True  # an object, list or dict is allowed here: not ours to judge
-        if arm is float and isinstance(value, int) and not isinstance(value, bool):
-            return True
-        if isinstance(value, arm) and (arm is bool or not isinstance(value, bool)):
-            return True
     return False
 
 
