@@ -21,12 +21,9 @@ class Throughput(L.Callback):
         if warmup_steps < 0:
             raise ValueError(f"callbacks.throughput.warmup_steps={warmup_steps} must be 0 or more")
         self.warmup_steps = warmup_steps
-        self._samples, self._seconds, self._last = 0, 0.0, 0.0
-        self._steps_seen = 0
-        self._fit_samples, self._fit_start = 0, None
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._fit_start = time.perf_counter() if self.warmup_steps == 0 else None
+        self._steps_seen, self._fit_samples, self._fit_start = 0, 0, time.perf_counter()
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._samples, self._seconds, self._last = 0, 0.0, time.perf_counter()
@@ -36,12 +33,12 @@ class Throughput(L.Callback):
     ) -> None:
         now = time.perf_counter()
         self._steps_seen += 1
-        if self._steps_seen > self.warmup_steps:
+        if self._steps_seen <= self.warmup_steps:
+            self._fit_start = now  # the fit's time starts when the warm-up ends
+        else:
             self._samples += len(batch[0])
             self._seconds += now - self._last
             self._fit_samples += len(batch[0])
-        elif self._steps_seen == self.warmup_steps:
-            self._fit_start = now
         self._last = now
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -52,6 +49,6 @@ class Throughput(L.Callback):
         if self._seconds > 0:
             rate = self._samples * world / self._seconds
             pl_module.log("perf/train_samples_per_sec", rate, rank_zero_only=True)
-        if self._fit_start is not None and self._fit_samples:
+        if self._fit_samples:
             rate = self._fit_samples * world / (time.perf_counter() - self._fit_start)
             pl_module.log("perf/fit_samples_per_sec", rate, rank_zero_only=True)
