@@ -79,6 +79,16 @@ def test_a_gpu_trainer_without_a_gpu_says_what_to_use(compose_cfg, no_gpu):
         check(compose_cfg, "trainer=ddp")
 
 
+def test_more_gpus_than_the_machine_has_are_refused(compose_cfg, one_gpu):
+    with pytest.raises(
+        ValueError,
+        match=r"trainer.devices=4 asks for 4 GPUs, but this machine has 1; choose trainer.devices=1",
+    ):
+        check(compose_cfg, "trainer=ddp", "trainer.devices=4")
+    with pytest.raises(ValueError, match=r"trainer.devices=\[0, 2\] names GPU 2, but this machine has 1"):
+        check(compose_cfg, "trainer=ddp", "trainer.devices=[0,2]")
+
+
 def test_more_cpu_processes_than_cores_are_allowed(compose_cfg, no_gpu):
     check(compose_cfg, "trainer=ddp_sim", "trainer.devices=8")  # slow, but a valid way to simulate 8 ranks
 

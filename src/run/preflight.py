@@ -14,7 +14,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from hydra.utils import get_class
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from src.launch import environment
 
@@ -44,9 +44,7 @@ def check_run(cfg: DictConfig) -> None:
         )
     for key, target in (("trainer", "lightning.pytorch.Trainer"), ("data", None)):
         if cfg.get(key) is not None:
-            check_types(
-                cfg[key], key, target
-            )  # a precision that is none: "expected one of 32, 16-mixed, ..."
+            check_types(cfg[key], key, target)  # an unknown precision: "expected one of 32, 16-mixed, ..."
     if "trainer" in cfg:
         check_trainer(cfg.trainer)
     check_values(cfg)
@@ -187,8 +185,8 @@ def resolved_accelerator(accelerator: Any) -> str:
 
 
 def check_trainer(trainer: DictConfig) -> None:
-    """Combinations of precision, accelerator and strategy that Lightning would refuse unclearly, or not at all
-    (a wrong device count, FSDP on the CPU, a missing deepspeed: Lightning's own message is clear)."""
+    """Combinations of precision, accelerator, devices and strategy that Lightning would refuse late, without
+    naming the key, or not at all (a missing deepspeed: Lightning's own message is clear)."""
     precision = str(trainer.get("precision", "32-true"))
     accelerator = resolved_accelerator(trainer.get("accelerator", "auto"))
     strategy = strategy_name(trainer.get("strategy", "auto"))
@@ -204,6 +202,15 @@ def check_trainer(trainer: DictConfig) -> None:
         raise ValueError(
             f"trainer.accelerator={trainer.get('accelerator')} needs a CUDA GPU, but none is visible here; "
             "use trainer=cpu, or trainer=ddp_sim for DDP with processes on the CPU"
+        )
+    devices = trainer.get("devices", "auto")
+    ids = isinstance(devices, ListConfig | list)
+    asked = max(devices, default=-1) + 1 if ids else devices
+    if accelerator == "cuda" and isinstance(asked, int) and asked > gpus:
+        what = f"names GPU {asked - 1}" if ids else f"asks for {asked} GPUs"
+        raise ValueError(
+            f"trainer.devices={devices} {what}, but this machine has {gpus}; choose trainer.devices={gpus} "
+            "or fewer (-1 uses all)"
         )
     if precision in ("16", "16-mixed") and accelerator == "cpu":
         raise ValueError(
