@@ -54,14 +54,10 @@ def check_checkpoint(path: str) -> Path:
         raise IsADirectoryError(
             f"ckpt_path={path} is a directory but not a sharded FSDP checkpoint; give a .ckpt file inside it"
         )
-    try:
-        with open(file, "rb") as handle:
-            is_zip = zipfile.is_zipfile(handle)
-    except OSError as err:
-        raise PermissionError(f"ckpt_path={path} cannot be read: {err.strerror}") from None
-    if not is_zip:
+    if not zipfile.is_zipfile(file):  # also False for a file that cannot be read
         raise ValueError(
-            f"ckpt_path={path} is not a checkpoint (torch.save writes a zip archive; this file is not one)"
+            f"ckpt_path={path} is not a checkpoint, or cannot be read (torch.save writes a zip archive; this file "
+            "is not one)"
         )
     return file
 
@@ -90,30 +86,21 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
 
 
 def check_fits(model: torch.nn.Module, path: str | Path) -> None:
-    """Refuse a checkpoint whose weights do not fit `model`, naming every tensor that differs."""
+    """Refuse a checkpoint whose weights do not fit `model`, naming the tensors that differ, by loading them
+    into it: the model is given these weights next anyway."""
     if is_sharded_checkpoint(Path(path)):
         return  # FSDP shards: the strategy checks them as it loads them
     state = load_checkpoint(path).get("state_dict")
     if state is None:
         raise ValueError(f"ckpt_path={path} has no state_dict: it is not a Lightning checkpoint of a model")
     # torch.compile(net) elsewhere saves under `_orig_mod.`; ClassifierModule.on_load_checkpoint drops it.
-    state = {name.replace("_orig_mod.", ""): tensor for name, tensor in state.items()}
-    expected = model.state_dict()
-    problems = [
-        f"{name}: checkpoint {list(state[name].shape)}, model {list(tensor.shape)}"
-        for name, tensor in expected.items()
-        if name in state and state[name].shape != tensor.shape
-    ][:10]
-    for what, names in (
-        ("missing from the checkpoint", [name for name in expected if name not in state]),
-        ("not in the model", [name for name in state if name not in expected]),
-    ):
-        if names:
-            problems.append(
-                f"{what}: {', '.join(names[:5])}" + (f" and {len(names) - 5} more" if len(names) > 5 else "")
-            )
-    if problems:
+    try:
+        model.load_state_dict({name.replace("_orig_mod.", ""): tensor for name, tensor in state.items()})
+    except RuntimeError as err:
+        problems = " ".join(str(err).split()).partition(": ")[
+            2
+        ]  # after "Error(s) in loading state_dict for X"
         raise ValueError(
-            f"ckpt_path={path} does not fit this model ({'; '.join(problems)}); was it trained with another model=, model/net=, "
-            "data= or mode= (compose the same options as its training run, or give its run_dir=)?"
-        )
+            f"ckpt_path={path} does not fit this model ({problems[:1500]}); was it trained with another model=, "
+            "model/net=, data= or mode= (compose the same options as its training run, or give its run_dir=)?"
+        ) from None

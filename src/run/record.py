@@ -42,11 +42,10 @@ def git_state(root: str | Path) -> dict[str, Any]:
             return None
         return result.stdout if result.returncode == 0 else None
 
-    commit = git("rev-parse", "HEAD")
+    commit, branch = git("rev-parse", "HEAD"), git("rev-parse", "--abbrev-ref", "HEAD")
     if commit is None:
-        return {"commit": None, "branch": None, "dirty": None, "diff": None}
+        return dict.fromkeys(("commit", "branch", "dirty", "diff"))
     diff = git("diff", "HEAD")  # staged and unstaged changes of tracked files
-    branch = git("rev-parse", "--abbrev-ref", "HEAD")
     return {
         "commit": commit.strip(),
         "branch": branch and branch.strip(),
@@ -59,24 +58,22 @@ def start_record(cfg: DictConfig, world_size: int) -> tuple[dict[str, Any], str 
     """Everything known when a run starts (`config` is the resolved run config), and the git diff."""
     import torch
 
-    hydra = HydraConfig.get() if HydraConfig.initialized() else None
+    overrides = HydraConfig.get().overrides if HydraConfig.initialized() else {"task": [], "hydra": []}
     git = git_state(cfg.paths.root_dir)
+    diff = git.pop("diff")
+    cudnn = torch.backends.cudnn.version()
     return {
         "task": cfg.get("task_name"),
         "run_dir": str(cfg.paths.output_dir),
         "command": shlex.join([Path(sys.executable).name, *sys.argv]),
-        "overrides": {
-            "task": list(hydra.overrides.task) if hydra else [],
-            "hydra": list(hydra.overrides.hydra) if hydra else [],
-        },
-        "git": {"commit": git["commit"], "branch": git["branch"], "dirty": git["dirty"]}
-        | {"diff_file": DIFF_FILE if git["diff"] else None},
-        "versions": {"python": platform.python_version()}
-        | {package: version(package) for package in PACKAGES}
-        | {
+        "overrides": {key: list(overrides[key]) for key in ("task", "hydra")},
+        "git": git | {"diff_file": DIFF_FILE if diff else None},
+        "versions": {
+            "python": platform.python_version(),
             "cuda": torch.version.cuda,
-            "cudnn": torch.backends.cudnn.version() and str(torch.backends.cudnn.version()),
-        },
+            "cudnn": cudnn and str(cudnn),
+        }
+        | {package: version(package) for package in PACKAGES},
         "host": {
             "hostname": socket.gethostname(),
             "platform": platform.platform(),
@@ -89,7 +86,7 @@ def start_record(cfg: DictConfig, world_size: int) -> tuple[dict[str, Any], str 
         "status": "running",
         **dict.fromkeys(_END_FIELDS),
         "config": OmegaConf.to_container(cfg, resolve=True),
-    }, git["diff"]
+    }, diff
 
 
 def write_start(record: dict[str, Any], diff: str | None, run_dir: str | Path) -> None:
@@ -105,14 +102,14 @@ def write_end(
 ) -> None:
     """Complete run.json: end time, duration, status (completed, failed, interrupted), final metrics."""
     end = datetime.now().astimezone()
-    record["end_time"] = end.isoformat(timespec="seconds")
-    record["duration_s"] = round((end - datetime.fromisoformat(record["start_time"])).total_seconds(), 1)
-    record["status"] = "completed"
-    if error is not None:
-        # Lightning turns Ctrl+C during fit into sys.exit(1).
-        record["status"] = "interrupted" if isinstance(error, KeyboardInterrupt | SystemExit) else "failed"
-        record["error"] = f"{type(error).__name__}: {error}"
-    record["final_metrics"] = dict(sorted(metrics.items()))
+    stopped = isinstance(error, KeyboardInterrupt | SystemExit)  # Lightning turns Ctrl+C into sys.exit(1)
+    record |= {
+        "end_time": end.isoformat(timespec="seconds"),
+        "duration_s": round((end - datetime.fromisoformat(record["start_time"])).total_seconds(), 1),
+        "status": "completed" if error is None else "interrupted" if stopped else "failed",
+        "error": error and f"{type(error).__name__}: {error}",
+        "final_metrics": dict(sorted(metrics.items())),
+    }
     _write(run_dir, record)
 
 
