@@ -42,16 +42,14 @@ def locate(cfg: DictConfig) -> TrainedRun:
             f"{cfg.task_name} needs a checkpoint: ckpt_path=<file.ckpt> or run_dir=logs/train/runs/<run>"
         )
     if ckpt_path is None:
-        run_dir = Path(run_dir)
-        found = [run_dir / "checkpoints" / name for name in ("best.ckpt", "last.ckpt")]
+        found = [Path(run_dir) / "checkpoints" / name for name in ("best.ckpt", "last.ckpt")]
         ckpt_path = next((path for path in found if path.is_file()), None)
         if ckpt_path is None:
             raise FileNotFoundError(
                 f"run_dir={run_dir} has no checkpoints/best.ckpt or checkpoints/last.ckpt"
             )
     checkpoint = check_checkpoint(str(ckpt_path))
-    run_dir = Path(run_dir) if run_dir is not None else checkpoint.parent.parent
-    record = run_dir / RECORD_FILE
+    record = Path(run_dir or checkpoint.parent.parent) / RECORD_FILE
     run_config = json.loads(record.read_text()).get("config") if record.is_file() else None
     return TrainedRun(checkpoint=checkpoint, run_config=run_config)
 
@@ -61,15 +59,16 @@ def command_line() -> list[str]:
     return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
 
 
+def override_keys(overrides: list[str]) -> set[str]:
+    """The keys and groups a command line sets: `data=digits` gives data, `data.batch_size=256` data.batch_size."""
+    return {override.key_or_group for override in OverridesParser.create().parse_overrides(overrides)}
+
+
 def chosen_groups(overrides: list[str]) -> set[str]:
     """The config groups a command line chooses an option of: `data=digits` chooses data, `model/net=mlp`
     chooses model, and `experiment=...` chooses both (an experiment composes its own)."""
-    chosen = set()
-    for override in OverridesParser.create().parse_overrides(overrides):
-        key = override.key_or_group
-        if "." not in key:  # a group choice, not a single key
-            chosen |= {"data", "model"} if key == "experiment" else {key.split("/")[0]}
-    return chosen
+    groups = {key.split("/")[0] for key in override_keys(overrides) if "." not in key}
+    return groups | ({"data", "model"} if "experiment" in groups else set())
 
 
 def with_keys_set(config: Any, overrides: list[str], group: str) -> DictConfig:
@@ -109,10 +108,9 @@ def with_run_precision(cfg: DictConfig, source: TrainedRun) -> DictConfig:
     `trainer.precision=`, `experiment=`), for eval: a run trained in bf16 is tested in bf16, so its test
     metrics come out the same. A float16 run (CUDA only) on a machine without CUDA runs in 32, saying so.
     (Predict keeps its own precision, 32: in bf16 an image's prediction would depend on its batch.)"""
-    trained = OmegaConf.select(OmegaConf.create(source.run_config or {}), "trainer.precision")
-    overrides = command_line()
-    keys = {override.key_or_group for override in OverridesParser.create().parse_overrides(overrides)}
-    if trained is None or cfg.get("trainer") is None or keys & {"trainer", "trainer.precision", "experiment"}:
+    trained = ((source.run_config or {}).get("trainer") or {}).get("precision")
+    chosen = override_keys(command_line()) & {"trainer", "trainer.precision", "experiment"}
+    if trained is None or cfg.get("trainer") is None or chosen:
         return cfg
     if str(trained).startswith("16") and not torch.cuda.is_available():
         log.info(
