@@ -31,28 +31,28 @@ def write_summary(sweep_dir: Path, mode: str) -> tuple[list[dict[str, Any]], lis
     if not results:
         return [], []
     metric = next((r["metric"] for r in results if r["metric"]), None) or "value"
-    swept = swept_keys([r["overrides"] for r in results])
+    settings = [dict(map(split_override, result["overrides"])) for result in results]
+    swept = swept_keys(settings)
     sign = -1.0 if mode == "max" else 1.0
 
-    def rank(result: dict[str, Any]) -> tuple:
-        value = result["value"]
-        order = {"completed": 0, "pruned": 1, "failed": 2}[result["status"]]
-        return (order, not is_number(value), sign * value if is_number(value) else 0.0, result["job"])
+    def rank(row: dict[str, Any]) -> tuple:
+        value, order = row[metric], {"completed": 0, "pruned": 1, "failed": 2}[row["status"]]
+        return (order, not is_number(value), sign * value if is_number(value) else 0.0, row["job"])
 
-    rows = []
-    for result in sorted(results, key=rank):
-        overrides = dict(map(split_override, result["overrides"]))
-        row = {"job": result["job"], "status": result["status"], metric: result["value"]}
-        rows.append(row | {key: overrides.get(key, "") for key in swept} | {"error": result["error"] or ""})
+    rows = sorted(
+        (
+            {"job": r["job"], "status": r["status"], metric: r["value"]}
+            | {key: job.get(key, "") for key in swept}
+            | {"error": r["error"] or ""}
+            for r, job in zip(results, settings, strict=True)
+        ),
+        key=rank,
+    )
     _write_csv(sweep_dir / SUMMARY_FILE, rows)
+    # The optimized value under its name, also for a job whose run.json has no final metrics.
     runs = [
-        {
-            "settings": dict(map(split_override, result["overrides"])),
-            "status": result["status"],
-            # The optimized value under its name, also for a job whose run.json has no final metrics.
-            "metrics": (result.get("metrics") or {}) | {metric: result["value"]},
-        }
-        for result in results
+        {"settings": job, "status": r["status"], "metrics": (r.get("metrics") or {}) | {metric: r["value"]}}
+        for r, job in zip(results, settings, strict=True)
     ]
     variants = group_variants(runs, metric, mode)
     if not any(variant["n"] + variant["not_completed"] > 1 for variant in variants):
@@ -120,7 +120,7 @@ def group_variants(runs: list[dict[str, Any]], metric: str, mode: str) -> list[d
         identity = {k: v for k, v in run["settings"].items() if k not in REPLICATE_KEYS}
         groups.setdefault(tuple(sorted(identity.items())), []).append(run)
     # One variant: its settings are in the run configs, not a difference.
-    varying = swept_keys([[f"{k}={v}" for k, v in key] for key in groups]) if len(groups) > 1 else []
+    varying = swept_keys([dict(key) for key in groups]) if len(groups) > 1 else []
     names = sorted({name for run in runs if run["status"] == "completed" for name in run["metrics"]})
     names.sort(key=lambda name: name != metric)  # the ranked metric first
     sign = -1.0 if mode == "max" else 1.0
@@ -152,13 +152,10 @@ def is_number(value: Any) -> bool:
     return isinstance(value, int | float) and math.isfinite(value)
 
 
-def swept_keys(override_lists: list[list[str]]) -> list[str]:
+def swept_keys(jobs: list[dict[str, str]]) -> list[str]:
     """Override keys whose value differs between jobs (every key when there is only one job)."""
-    jobs = [dict(map(split_override, overrides)) for overrides in override_lists]
     keys = list(dict.fromkeys(key for job in jobs for key in job))
-    if len(jobs) == 1:
-        return keys
-    return [key for key in keys if len({job.get(key) for job in jobs}) > 1]
+    return [key for key in keys if len(jobs) == 1 or len({job.get(key) for job in jobs}) > 1]
 
 
 def split_override(override: str) -> tuple[str, str]:
