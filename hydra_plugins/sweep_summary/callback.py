@@ -39,28 +39,27 @@ class SweepSummary(Callback):
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
         if config.hydra.mode != RunMode.MULTIRUN:
             return
-        job_dir = Path(config.hydra.runtime.output_dir)
-        result = {
-            "job": config.hydra.job.num,
-            "status": "completed",
-            "metric": config.get("optimized_metric"),
-            "value": None,
-            "overrides": list(job_return.overrides or []),
-            "error": None,
-            "metrics": final_metrics(job_dir),
-        }
+        job_dir, status, value, error = Path(config.hydra.runtime.output_dir), "completed", None, None
         if job_return.status == JobStatus.COMPLETED:
             value = job_return.return_value
-            result["value"] = float(value) if isinstance(value, int | float) else None
         else:
-            error = job_error(job_return)
+            exception = job_error(job_return)
             # optuna.TrialPruned, named rather than imported: optuna is needed only by Optuna sweeps.
-            pruned = type(error).__name__ == "TrialPruned"
-            result |= {"status": "pruned" if pruned else "failed", "error": describe_error(error)}
-            if pruned:
-                log.info(result["error"])
+            status = "pruned" if type(exception).__name__ == "TrialPruned" else "failed"
+            error = describe_error(exception)
+            if status == "pruned":
+                log.info(error)
             else:  # into the job's own log file: Hydra keeps a failed job's traceback nowhere else
-                log.error("".join(traceback.format_exception(error)).rstrip())
+                log.error("".join(traceback.format_exception(exception)).rstrip())
+        result = {
+            "job": config.hydra.job.num,
+            "status": status,
+            "metric": config.get("optimized_metric"),
+            "value": float(value) if isinstance(value, int | float) else None,
+            "overrides": list(job_return.overrides or []),
+            "error": error,
+            "metrics": final_metrics(job_dir),
+        }
         write_atomically(job_dir / RESULT_FILE, json.dumps(result, indent=2) + "\n")
         write_summary(job_dir.parent, self._mode(config))
 
