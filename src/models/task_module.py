@@ -9,15 +9,19 @@ a loss mean and the metrics per stage, updated each step and logged once an epoc
 checkpoints, and the best value so far of the watched metric.
 """
 
+from collections.abc import Mapping
 from pathlib import Path  # [part: predict]
 from typing import Any
 
 import hydra
 import lightning as L
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import (
+    DictConfig,  # [part: predict]
+    OmegaConf,
+)
 from torch import Tensor
-from torchmetrics import MaxMetric, MeanMetric, Metric, MinMetric
+from torchmetrics import MaxMetric, MeanMetric, Metric, MetricCollection, MinMetric
 
 from src.common.classes import names_or_indices
 from src.models import finetuning  # [part: pretrained]
@@ -27,9 +31,7 @@ STAGES = ("train", "val", "test")
 
 def plain(config: Any) -> Any:
     """A config as plain dicts and lists, so checkpoints hold only data that `weights_only=True` loads."""
-    if isinstance(config, DictConfig) or OmegaConf.is_config(config):
-        return OmegaConf.to_container(config, resolve=True)
-    return config
+    return OmegaConf.to_container(config, resolve=True) if OmegaConf.is_config(config) else config
 
 
 class TaskModule(L.LightningModule):
@@ -63,37 +65,23 @@ class TaskModule(L.LightningModule):
         if mode not in ("max", "min"):
             raise ValueError(f"mode={mode} is not valid; choose max or min")
         super().__init__()
-        self.save_hyperparameters(
-            {
-                "net": plain(net),
-                "optimizer": plain(optimizer),
-                "scheduler": plain(scheduler),
-                "scheduler_config": plain(scheduler_config),
-                "compile": compile,
-                "channels_last": channels_last,
-                "preprocessing": plain(preprocessing),
-                "monitor": monitor,
-                "mode": mode,
-                **{name: plain(value) for name, value in task_hparams.items()},
-            },
-            logger=False,  # the builder logs the whole resolved run config instead
-        )
+        # Every __init__ argument, the subclass's too (Lightning collects them), as plain data; the builder logs
+        # the whole resolved run config instead.
+        self.save_hyperparameters(logger=False)
+        for name, value in self.hparams.items():
+            self.hparams[name] = plain(value)
         self.net = hydra.utils.instantiate(self.hparams.net)
         finetuning.check(self.net, self.hparams)  # [part: pretrained]
-        # One metric object per stage and name (`train_loss`, `val_acc`, ...): torchmetrics keeps their states
-        # apart and syncs them across ranks. No NaN check in the loss means: it would read the value back to the
-        # host every step (a GPU sync); the training_guards callback stops on a NaN loss instead.
-        self.metric_names: dict[str, list[str]] = {}
+        # Each stage's loss mean and task metrics, one collection each (`train_metrics`, ...): torchmetrics keeps
+        # their states apart and syncs them across ranks. No NaN check in the loss mean: it would read the value
+        # back to the host every step (a GPU sync); the training_guards callback stops on a NaN loss instead.
         for stage in STAGES:
             metrics = {"loss": MeanMetric(nan_strategy="disable"), **self.stage_metrics(stage)}
-            for name, metric in metrics.items():
-                setattr(self, f"{stage}_{name}", metric)
-            self.metric_names[stage] = list(metrics)
+            setattr(self, f"{stage}_metrics", MetricCollection(metrics, compute_groups=False))
         self.monitor_best = MaxMetric() if mode == "max" else MinMetric()
         # Training metric states go into checkpoints: a run resumed mid-epoch (or after its best epoch)
         # reports the same epoch means and best value as an uninterrupted one.
-        for name in self.metric_names["train"]:
-            self.metric("train", name).persistent(True)
+        self.train_metrics.persistent(True)
         self.monitor_best.persistent(True)
 
     # --- what a task says ---
@@ -139,16 +127,10 @@ class TaskModule(L.LightningModule):
 
     # --- the shared machinery ---
 
-    def metric(self, stage: str, name: str) -> Metric:
-        return getattr(self, f"{stage}_{name}")
-
     def setup(self, stage: str) -> None:
         # What the classes are called, for a task with `num_classes` and `class_names` arguments: the
         # datamodule says once it is set up, and every checkpoint keeps it.
-        try:
-            datamodule = self.trainer.datamodule
-        except RuntimeError:  # not attached to a Trainer
-            return
+        datamodule = self.trainer.datamodule
         if datamodule is None:
             return
         # part: predict
@@ -183,23 +165,24 @@ class TaskModule(L.LightningModule):
         if self.hparams.get("channels_last") and x.dim() == 4:
             x = x.contiguous(
                 memory_format=torch.channels_last
-            )  # the layout the converted convs run fastest on
+            )  # the layout channels-last convs run fastest on
         return self.net(x)
 
     # Steps only update the metrics' states (on the device, no host sync); each epoch's values are computed
     # and logged once, at its end: logging a Metric object every step costs Lightning a fixed overhead per call
     # that shows on small models (scripts/benchmark.py shows it).
 
-    def _update(self, stage: str, loss: Tensor, preds: Tensor, targets: Tensor) -> None:
-        self.metric(stage, "loss").update(loss.detach())
-        for name in self.metric_names[stage][1:]:
-            self.metric(stage, name).update(preds, targets)
+    def _step(self, stage: str, batch: Any) -> dict[str, Tensor]:
+        """The batch's loss, predictions and targets (callbacks draw the latter), once `stage`'s metrics took them."""
+        loss, preds, targets = self.step(batch)
+        metrics = getattr(self, f"{stage}_metrics")
+        metrics["loss"].update(loss.detach())
+        for name, metric in metrics.items():
+            if name != "loss":
+                metric.update(preds, targets)
+        return {"loss": loss, "preds": preds, "targets": targets}
 
-    def _reset(self, stage: str) -> None:
-        for name in self.metric_names[stage]:
-            self.metric(stage, name).reset()
-
-    def metric_values(self, prefix: str, metrics: dict[str, Metric]) -> dict[str, Tensor]:
+    def metric_values(self, prefix: str, metrics: Mapping[str, Metric]) -> dict[str, Tensor]:
         """The metrics' values by logged name: `<prefix>/<name>`, and `<prefix>/<name>_<class name>` for each
         class of a metric with one value per class (a stage's, or predict's)."""
         values = {}
@@ -215,38 +198,31 @@ class TaskModule(L.LightningModule):
         return values
 
     def _log_stage(self, stage: str) -> dict[str, Tensor]:
-        """Compute and log the epoch's values of `stage`; return the single-valued ones by logged name."""
-        single = {f"{stage}/{name}" for name in self.metric_names[stage]}
-        values = self.metric_values(
-            stage, {name: self.metric(stage, name) for name in self.metric_names[stage]}
-        )
+        """Log the epoch's values of `stage`, return them by logged name, and start the next epoch's afresh."""
+        metrics = getattr(self, f"{stage}_metrics")
+        values = self.metric_values(stage, metrics)
         # compute() synced the metric states across ranks, so every rank holds the global value already;
         # sync_dist averages those equal values (one small all-reduce per epoch) and keeps Lightning from
-        # warning that epoch-level values are not synced.
+        # warning that epoch-level values are not synced. Values per class stay off the progress bar.
         for name, value in values.items():
-            self.log(name, value, prog_bar=stage != "test" and name in single, sync_dist=True)
-        return {name: value for name, value in values.items() if name in single}
+            bar = stage != "test" and name.removeprefix(f"{stage}/") in metrics
+            self.log(name, value, prog_bar=bar, sync_dist=True)
+        metrics.reset()
+        return values
 
     def on_train_epoch_start(self) -> None:
-        # A new epoch's means start empty. (Lightning skips this hook when it resumes in the middle of an
-        # epoch, where the checkpointed states hold that epoch's first part.)
-        self._reset("train")
+        # A new epoch's means start empty, also after a resume from the end of an epoch. (Lightning skips this
+        # hook when it resumes in the middle of one, where the checkpointed states hold its first part.)
+        self.train_metrics.reset()
 
-    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
-        loss, preds, targets = self.step(batch)
-        self._update("train", loss, preds, targets)
-        return loss
+    def training_step(self, batch: Any, batch_idx: int) -> dict[str, Tensor]:
+        return self._step("train", batch)
 
     def on_train_epoch_end(self) -> None:
         self._log_stage("train")
 
-    def on_validation_epoch_start(self) -> None:
-        self._reset("val")
-
     def validation_step(self, batch: Any, batch_idx: int) -> dict[str, Tensor]:
-        loss, preds, targets = self.step(batch)
-        self._update("val", loss, preds, targets)
-        return {"preds": preds, "targets": targets}  # for callbacks (prediction pictures)
+        return self._step("val", batch)
 
     def on_validation_epoch_end(self) -> None:
         logged = self._log_stage("val")
@@ -258,13 +234,8 @@ class TaskModule(L.LightningModule):
         self.monitor_best(logged[monitor])
         self.log(f"{monitor}_best", self.monitor_best.compute(), prog_bar=True, sync_dist=True)
 
-    def on_test_epoch_start(self) -> None:
-        self._reset("test")
-
     def test_step(self, batch: Any, batch_idx: int) -> dict[str, Tensor]:
-        loss, preds, targets = self.step(batch)
-        self._update("test", loss, preds, targets)
-        return {"preds": preds, "targets": targets}
+        return self._step("test", batch)
 
     def on_test_epoch_end(self) -> None:
         self._log_stage("test")
