@@ -18,9 +18,8 @@ log = logging.getLogger(__name__)
 
 
 def split_batch_size(batch_size: int, world_size: int) -> int:
-    """Split a global batch size evenly across devices, so results do not depend on the device count."""
-    if batch_size <= 0:
-        raise ValueError(f"data.batch_size={batch_size} must be a positive integer")
+    """Split a global batch size evenly across devices, so results do not depend on the device count. (Preflight
+    has refused a batch size below 1.)"""
     if batch_size % world_size:
         raise ValueError(
             f"data.batch_size={batch_size} is not divisible by {world_size} devices; "
@@ -102,22 +101,17 @@ class DataModule(L.LightningDataModule):
             raise ValueError(f"data.num_workers={num_workers} must be 0 (load in the main process) or more")
         if prefetch_factor is not None and prefetch_factor < 1:
             raise ValueError(f"data.prefetch_factor={prefetch_factor} must be at least 1 (or null)")
-        if num_folds is None and fold != 0:
-            raise ValueError(
-                f"data.fold={fold} needs folds: set data.num_folds (e.g. 5) for k-fold cross-validation, or "
-                "leave data.fold=0"
-            )
         if num_folds is not None and num_folds < 2:
             raise ValueError(f"data.num_folds={num_folds} must be null (no folds) or at least 2")
-        if num_folds is not None and not 0 <= fold < num_folds:
-            raise ValueError(
-                f"data.fold={fold} is not a fold of data.num_folds={num_folds}; choose 0..{num_folds - 1}"
+        if not 0 <= fold < (num_folds or 1):
+            fix = f"is not a fold of data.num_folds={num_folds}; choose 0..{(num_folds or 1) - 1}"
+            no_folds = (
+                "needs folds: set data.num_folds (e.g. 5) for k-fold cross-validation, or leave data.fold=0"
             )
+            raise ValueError(f"data.fold={fold} {fix if num_folds else no_folds}")
         # Every __init__ argument of the subclass too (Lightning collects them): stored in checkpoints.
         self.save_hyperparameters(logger=False)
-        self.data_train: Dataset | None = None
-        self.data_val: Dataset | None = None
-        self.data_test: Dataset | None = None
+        self.data_train = self.data_val = self.data_test = None  # the datasets, once set up
         self.batch_size_per_device = batch_size
         self.collate_fn: Callable[[list[Any]], Any] | None = None  # None: PyTorch's default collate
 
@@ -187,21 +181,17 @@ class DataModule(L.LightningDataModule):
             )
         sizes = [len(range(fold, size, num_folds)) for fold in range(num_folds)]
         in_fold = assign_parts(sizes, self.hparams.split_seed, labels) == self.hparams.fold
-        train_indices, val_indices = torch.where(~in_fold)[0].tolist(), torch.where(in_fold)[0].tolist()
+        train_indices, val_indices = (torch.where(chosen)[0].tolist() for chosen in (~in_fold, in_fold))
         return Subset(train_pool, train_indices), Subset(val_pool, val_indices)
 
     def _loader(self, dataset: Dataset | None, train: bool) -> DataLoader:
         if dataset is None:
             raise RuntimeError(f"{type(self).__name__}.setup() must run before asking for a DataLoader")
-        workers = self.hparams.num_workers
-        settings = {
-            "collate_fn": self.collate_fn,
-            "num_workers": workers,
-            "pin_memory": self.hparams.pin_memory,
-            # DataLoader refuses both without worker processes: only pass them when there are some.
-            "persistent_workers": self.hparams.persistent_workers and workers > 0,
-            "prefetch_factor": self.hparams.prefetch_factor if workers > 0 else None,
-        }
+        workers, hparams = self.hparams.num_workers, self.hparams
+        # DataLoader refuses persistent workers and a prefetch factor without worker processes.
+        settings = dict(collate_fn=self.collate_fn, num_workers=workers, pin_memory=hparams.pin_memory)
+        settings |= dict(persistent_workers=hparams.persistent_workers and workers > 0)
+        settings |= dict(prefetch_factor=hparams.prefetch_factor if workers > 0 else None)
         if not train:
             return DataLoader(dataset, batch_size=self.batch_size_per_device, **settings)
         # Training: shuffled by (seed, epoch) and resumable mid-epoch (src/data/components/resumable.py).
@@ -216,10 +206,8 @@ class DataModule(L.LightningDataModule):
     def _shuffle_seed(self) -> int:
         """The run's seed (`seed_everything` exports it); unseeded, a random one, or 0 under DDP, where every
         rank must shuffle alike."""
-        if "PL_GLOBAL_SEED" in os.environ:
-            return int(os.environ["PL_GLOBAL_SEED"])
-        if self.trainer is not None and self.trainer.world_size > 1:
-            return 0
+        if "PL_GLOBAL_SEED" in os.environ or (self.trainer is not None and self.trainer.world_size > 1):
+            return int(os.environ.get("PL_GLOBAL_SEED", 0))
         return int(torch.randint(0, 2**62, ()).item())
 
     # part: predict

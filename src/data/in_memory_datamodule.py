@@ -89,15 +89,13 @@ class InMemoryDataModule(ClassificationDataModule):
         super().__init__(num_classes=num_classes, input_shape=input_shape, split=split, **settings)
         if loading not in ("samples", "batches", "device"):
             raise ValueError(f"data.loading={loading} is not one of samples, batches, device")
-        num_workers, pin_memory = self.hparams.num_workers, self.hparams.pin_memory
-        if loading == "device" and (num_workers > 0 or pin_memory):
+        if loading == "device" and (self.hparams.num_workers > 0 or self.hparams.pin_memory):
             raise ValueError(
-                f"data.loading=device serves batches from the accelerator's memory: it needs data.num_workers=0 "
-                f"and data.pin_memory=false (got {num_workers} and {pin_memory})"
+                "data.loading=device serves batches from the accelerator's memory: it needs data.num_workers=0 "
+                f"and data.pin_memory=false (got {self.hparams.num_workers} and {self.hparams.pin_memory})"
             )
-        if loading != "samples":
-            # TensorBatches' batches are made already; a builtin, so that worker processes can pickle it.
-            self.collate_fn = list
+        # TensorBatches' batches are made already; a builtin, so that worker processes can pickle it.
+        self.collate_fn = list if loading != "samples" else None
 
     def setup(self, stage: str | None = None) -> None:
         fresh = self.data_train is None
