@@ -65,12 +65,11 @@ class ResumableDataLoader(DataLoader):
             yield batch
 
     def state_dict(self) -> dict[str, int]:
-        sampler = getattr(self.batch_sampler, "sampler", None)
-        return {"batches": self._delivered, "seed": getattr(sampler, "seed", 0)}
+        return {"batches": self._delivered, "seed": getattr(self.batch_sampler.sampler, "seed", 0)}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         if state["batches"] < len(self.batch_sampler):  # a checkpoint from the end of an epoch skips nothing
             self.batch_sampler.skip = state["batches"]
-        sampler = getattr(self.batch_sampler, "sampler", None)
-        if isinstance(sampler, EpochShuffleSampler):
-            sampler.seed = state["seed"]
+        # Under DDP the sampler is Lightning's distributed wrapper around ours, which the run seeds alike again.
+        if isinstance(self.batch_sampler.sampler, EpochShuffleSampler):
+            self.batch_sampler.sampler.seed = state["seed"]
