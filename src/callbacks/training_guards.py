@@ -1,6 +1,7 @@
 """Guards against the classic training pitfalls: a suspicious first loss, a NaN/Inf loss, unused parameters."""
 
 import logging
+import math
 from typing import Any
 
 import lightning as L
@@ -74,9 +75,14 @@ class TrainingGuards(L.Callback):
     def on_before_backward(
         self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor
     ) -> None:
-        if self.stop_on_nonfinite:  # counted on the device; read here on one CPU process, else every N steps
-            self._bad_steps = self._bad_steps + (~torch.isfinite(loss.detach()).all()).int()
-            self._unread += 1
+        if self.stop_on_nonfinite:
+            # One process: a float comparison, no tensor ops; else counted on the device, read every N steps
+            # (or now, with nonfinite_every_n_steps=1).
+            if self._interval == 1 and trainer.world_size == 1:
+                self._bad_steps, self._unread = int(not math.isfinite(loss.item())), 1
+            else:
+                self._bad_steps = self._bad_steps + (~torch.isfinite(loss.detach()).all()).int()
+                self._unread += 1
             if self._interval == 1:
                 self._stop_if_nonfinite(trainer)
         if self._first_step and self.check_initial_loss and trainer.is_global_zero:

@@ -215,8 +215,8 @@ class TaskModule(L.LightningModule):
         # hook when it resumes in the middle of one, where the checkpointed states hold its first part.)
         self.train_metrics.reset()
 
-    def training_step(self, batch: Any, batch_idx: int) -> dict[str, Tensor]:
-        return self._step("train", batch)
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        return self._step("train", batch)["loss"]  # the loss alone: Lightning handles less per step
 
     def on_train_epoch_end(self) -> None:
         self._log_stage("train")
