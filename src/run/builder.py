@@ -2,9 +2,8 @@
 
 `build` runs four steps, each below as its own function, in the order that matters:
 
-1. `prepare`: the data keys that follow the net's pretrained weights, the preflight checks, extras and
-   seeding, before anything is instantiated, so that a bad config fails in a second and every object is
-   created under the same seed;
+1. `prepare`: the preflight checks, extras and seeding, before anything is instantiated, so that a bad
+   config fails in a second and every object is created under the same seed;
 2. `instantiate_run`: datamodule, model, and (for the tasks that use one) callbacks, loggers and trainer;
 3. `recorded`: the run record (run.json) at the start and at the end, however the run ends, and the
    resolved config logged as the run's hyperparameters;
@@ -81,8 +80,8 @@ def build(
 
 
 def prepare(cfg: DictConfig) -> None:
-    """What happens before anything is instantiated: the data keys that follow the net's pretrained weights,
-    checks, extras, seed."""
+    """What happens before anything is instantiated: checks, extras, seed (and, with the folders part, the
+    data keys that follow the net's pretrained weights)."""
     if HydraConfig.initialized():
         # Imported before Hydra set up logging (by a module that imports lightning at its top), Lightning gives
         # its loggers a console handler of their own and stops their records there: they would miss the run's
