@@ -5,6 +5,7 @@ and every process it started."""
 import base64
 import io
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -103,10 +104,17 @@ class Server:
         """Send the signal; the seconds until the server and every process it started have ended."""
         start = time.monotonic()
         self.process.send_signal(signal_number)
-        assert self.process.wait(timeout=60) == 0, self.log()
-        while any(running(pid) for pid in self.children):
-            assert time.monotonic() - start < 30, f"left running: {[p for p in self.children if running(p)]}"
-            time.sleep(0.1)
+        try:
+            assert self.process.wait(timeout=60) == 0, self.log()
+            while any(running(pid) for pid in self.children):
+                assert time.monotonic() - start < 30, (
+                    f"left running: {[p for p in self.children if running(p)]}"
+                )
+                time.sleep(0.1)
+        except BaseException:  # the test fails, but no process of the server's outlives it
+            for pid in filter(running, self.children):
+                os.kill(pid, signal.SIGKILL)
+            raise
         return time.monotonic() - start
 
 

@@ -12,6 +12,7 @@ from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy, ModelP
 from lightning.pytorch.trainer.states import TrainerFn
 from omegaconf import DictConfig
 
+from src.compat.lightning import averaged_model, latest_update_step, set_latest_update_step
 from src.run.preflight import target_class
 
 SHARDING = (FSDPStrategy, DeepSpeedStrategy, ModelParallelStrategy)  # strategies that may shard the weights
@@ -131,7 +132,7 @@ class EMA(WeightAveraging):
 
     def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_validation_epoch_start(trainer, pl_module)
-        self._swapped = self._average_model is not None  # the module holds the average until the epoch ends
+        self._swapped = averaged_model(self) is not None  # the module holds the average until the epoch ends
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_validation_epoch_end(trainer, pl_module)
@@ -147,14 +148,15 @@ class EMA(WeightAveraging):
         self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
         step = trainer.global_step
+        average = averaged_model(self)
         if (
-            self._average_model is not None
+            average is not None
             and trainer.state.fn == TrainerFn.FITTING
-            and step > self._latest_update_step
+            and step > latest_update_step(self)
             and self.should_update(step_idx=step - 1)
         ):  # this step's update, which on_train_batch_end would make after the save
-            self._average_model.update_parameters(pl_module)
-            self._latest_update_step = step
+            average.update_parameters(pl_module)
+            set_latest_update_step(self, step)
             checkpoint.get("callbacks", {}).get(self.state_key, {})["latest_update_step"] = step
         super().on_save_checkpoint(trainer, pl_module, checkpoint)
 

@@ -29,9 +29,9 @@ release breaks it (the weekly CI job against the newest Lightning is there to no
   names them; read the new names in `model_checkpoint.py`.
 - `_average_model` and `_latest_update_step` of `WeightAveraging`: the moving-average callback makes the
   update of the step a checkpoint is saved in before it is written, and knows when validation swapped the
-  average in. No public accessor exists (Lightning 2.6). The callback reads them itself, allowed by name in
-  tests/test_public_api.py. When it breaks: the callback's tests fail; read the new attribute names in
-  `weight_averaging.py`.
+  average in. No public accessor exists (Lightning 2.6): `averaged_model` and `latest_update_step` read
+  them, `set_latest_update_step` writes the step. When it breaks: the callback's tests fail; read the new
+  attribute names in `weight_averaging.py`.
 """
 
 import subprocess
@@ -117,3 +117,21 @@ def wake_refresh_thread(progress: object) -> None:
         thread.stop()  # ends after its current sleep, unjoined (a daemon thread)
         live._refresh_thread = _WakingRefreshThread(live, live.refresh_per_second)
         live._refresh_thread.start()
+
+
+# part: pretrained
+def averaged_model(callback: object) -> object | None:
+    """A WeightAveraging callback's running average, an AveragedModel (None before training starts)."""
+    return callback._average_model
+
+
+def latest_update_step(callback: object) -> int:
+    """The step of the average's latest update."""
+    return callback._latest_update_step
+
+
+def set_latest_update_step(callback: object, step: int) -> None:
+    callback._latest_update_step = step
+
+
+# /part
