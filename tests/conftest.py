@@ -304,3 +304,22 @@ def wandb_run(run_dir: Path) -> dict:
         elif kind == "files":
             files += [file.path for file in record.files.files]
     return {"run": run, "config": config, "history": history, "files": files, "dir": run_file.parent}
+
+
+# part: predict
+@pytest.fixture(scope="module")
+def digit_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Six digits as PNG files of another size than the 8x8 the model saw; named <index>_<digit>.png."""
+    import numpy as np
+    from PIL import Image
+    from sklearn.datasets import load_digits
+
+    folder = tmp_path_factory.mktemp("digits_png")
+    digits = load_digits()
+    for i in range(6):
+        pixels = (digits.images[i] * 255 / 16).astype(np.uint8)
+        Image.fromarray(pixels).resize((24, 24)).save(folder / f"{i}_{digits.target[i]}.png")
+    return folder
+
+
+# /part

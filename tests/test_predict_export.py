@@ -5,11 +5,9 @@ import json
 import shutil
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from omegaconf import OmegaConf
-from PIL import Image
 
 from src.inference import export_formats
 from src.inference.inputs import expand_inputs
@@ -22,19 +20,6 @@ from tests.conftest import last_metrics, only_run_dir, run_cli
 def trained(digits_run: Path) -> Path:
     """A short real training run (the MLP on digits, shared by the session); its run dir."""
     return digits_run
-
-
-@pytest.fixture(scope="module")
-def digit_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Six digits as PNG files of another size than the 8x8 the model saw; named <index>_<digit>.png."""
-    from sklearn.datasets import load_digits
-
-    folder = tmp_path_factory.mktemp("digits_png")
-    digits = load_digits()
-    for i in range(6):
-        pixels = (digits.images[i] * 255 / 16).astype(np.uint8)
-        Image.fromarray(pixels).resize((24, 24)).save(folder / f"{i}_{digits.target[i]}.png")
-    return folder
 
 
 def read_csv(path: Path) -> list[dict[str, str]]:

@@ -13,7 +13,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import numpy as np
+import numpy as np  # [part: segmentation]
 import pytest
 import requests
 from PIL import Image
@@ -24,19 +24,6 @@ from tests.conftest import ROOT, free_port, only_run_dir, run_cli, start_cli
 
 # Seconds until /health answers: LitServe starts its processes and each loads the model (4 s on an idle machine).
 STARTUP_TIMEOUT = 120
-
-
-@pytest.fixture(scope="module")
-def digit_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Six digits as PNG files of another size than the 8x8 the model saw; named <index>_<digit>.png."""
-    from sklearn.datasets import load_digits
-
-    folder = tmp_path_factory.mktemp("digits_png")
-    digits = load_digits()
-    for i in range(6):
-        pixels = (digits.images[i] * 255 / 16).astype(np.uint8)
-        Image.fromarray(pixels).resize((24, 24)).save(folder / f"{i}_{digits.target[i]}.png")
-    return folder
 
 
 def encoded(path_or_bytes: Path | bytes) -> dict[str, str]:
