@@ -103,12 +103,15 @@ class DataModule(L.LightningDataModule):
             raise ValueError(f"data.prefetch_factor={prefetch_factor} must be at least 1 (or null)")
         if num_folds is not None and num_folds < 2:
             raise ValueError(f"data.num_folds={num_folds} must be null (no folds) or at least 2")
-        if not 0 <= fold < (num_folds or 1):
-            fix = f"is not a fold of data.num_folds={num_folds}; choose 0..{(num_folds or 1) - 1}"
-            no_folds = (
-                "needs folds: set data.num_folds (e.g. 5) for k-fold cross-validation, or leave data.fold=0"
+        if num_folds is None and fold != 0:
+            raise ValueError(
+                f"data.fold={fold} needs folds: set data.num_folds (e.g. 5) for k-fold cross-validation, or "
+                "leave data.fold=0"
             )
-            raise ValueError(f"data.fold={fold} {fix if num_folds else no_folds}")
+        if num_folds is not None and not 0 <= fold < num_folds:
+            raise ValueError(
+                f"data.fold={fold} is not a fold of data.num_folds={num_folds}; choose 0..{num_folds - 1}"
+            )
         # Every __init__ argument of the subclass too (Lightning collects them): stored in checkpoints.
         self.save_hyperparameters(logger=False)
         self.data_train = self.data_val = self.data_test = None  # the datasets, once set up
@@ -187,11 +190,15 @@ class DataModule(L.LightningDataModule):
     def _loader(self, dataset: Dataset | None, train: bool) -> DataLoader:
         if dataset is None:
             raise RuntimeError(f"{type(self).__name__}.setup() must run before asking for a DataLoader")
-        workers, hparams = self.hparams.num_workers, self.hparams
-        # DataLoader refuses persistent workers and a prefetch factor without worker processes.
-        settings = dict(collate_fn=self.collate_fn, num_workers=workers, pin_memory=hparams.pin_memory)
-        settings |= dict(persistent_workers=hparams.persistent_workers and workers > 0)
-        settings |= dict(prefetch_factor=hparams.prefetch_factor if workers > 0 else None)
+        workers = self.hparams.num_workers
+        settings = {
+            "collate_fn": self.collate_fn,
+            "num_workers": workers,
+            "pin_memory": self.hparams.pin_memory,
+            # DataLoader refuses both without worker processes: only pass them when there are some.
+            "persistent_workers": self.hparams.persistent_workers and workers > 0,
+            "prefetch_factor": self.hparams.prefetch_factor if workers > 0 else None,
+        }
         if not train:
             return DataLoader(dataset, batch_size=self.batch_size_per_device, **settings)
         # Training: shuffled by (seed, epoch) and resumable mid-epoch (src/data/components/resumable.py).
