@@ -188,6 +188,11 @@ def test_batched_answers_equal_predicts_and_ctrl_c_stops_everything(
         assert responses[-1].status_code == 400  # refused alone: the others in its batch are answered
         assert all(response.status_code == 200 for response in responses[:-1]), [r.text for r in responses]
         assert_same_as_predict({file.name: r.json() for file, r in zip(files, responses, strict=False)}, rows)
+        # The 2 model processes share the cores, less one for the HTTP process: PyTorch threads each.
+        cores = len(os.sched_getaffinity(0))
+        assert requests.get(f"{server.url}/info", timeout=5).json()["model"]["cpu_threads"] == max(
+            1, (cores - 1) // 2
+        )
     finally:
         seconds = server.stop(signal.SIGINT)
     assert seconds < 15 and len(server.children) >= 4, server.log()  # 2 model processes, 2 HTTP ones, ...
