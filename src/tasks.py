@@ -8,6 +8,7 @@ from hydra.types import RunMode
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig
 
+from src.data.streaming_datamodule import follow_the_shards  # [part: streaming]
 from src.run.builder import build
 from src.run.checkpoints import check_checkpoint, check_fits
 from src.run.resume import plan_resume
@@ -18,6 +19,7 @@ log = logging.getLogger(__name__)
 
 def train(cfg: DictConfig) -> dict[str, float]:
     """Fit the model (continuing a named run where it stopped), then test the best checkpoint."""
+    follow_the_shards(cfg)  # data=streaming: its classes, as the run record has them  [part: streaming]
     resume = plan_resume(cfg)  # before anything heavy: a run that may not continue fails in a second
     ckpt_path = cfg.get("ckpt_path") or (str(resume.checkpoint) if resume and resume.checkpoint else None)
     if ckpt_path is not None:
@@ -44,6 +46,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     choose others."""
     source = locate(cfg)
     cfg = with_run_precision(with_run_config(cfg, source, ("data", "model")), source)
+    follow_the_shards(cfg)  # [part: streaming]
     with build(cfg) as run:
         check_fits(run.model, source.checkpoint)
         log.info(f"Testing {source.checkpoint}")

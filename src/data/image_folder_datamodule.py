@@ -8,7 +8,10 @@ to <run dir>/class_names.json.
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import (
+    Callable,  # [part: streaming]
+    Sequence,
+)
 from pathlib import Path
 from typing import Any
 
@@ -161,6 +164,13 @@ class ImageFolderDataModule(ClassificationDataModule):
             ImageDataset(samples, val.transform, val.mode),
         )
 
+    # part: streaming
+    def shard_decoder(self, stage: str) -> Callable[[dict[str, Any]], tuple[Any, int]]:
+        """How data=streaming makes `stage`'s item of a sample that shards store from these files
+        (ImageDataset.to_shard): with that stage's transforms and colour mode, as load_datasets does."""
+        return ImageDataset([], transform=self._transform(stage), mode=self.hparams.image_mode).from_shard
+
+    # /part
     # part: predict
     def inference_preprocessing(self) -> dict[str, Any]:
         """What the test images went through: their transforms config (test's, else val's), colour mode and

@@ -7,9 +7,10 @@ names the file. The transforms are applied to the image and its mask together, s
 resizes keep them aligned (torchvision's transforms v2 resize a `tv_tensors.Mask` by nearest neighbour).
 """
 
+import io  # [part: streaming]
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 import torch
@@ -51,15 +52,42 @@ class SegmentationFolderDataset(Dataset):
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         image_path, mask_path = self.pairs[index]
         try:
-            with Image.open(image_path) as file:
-                image = file.convert(self.mode)
-            with Image.open(mask_path) as file:
-                mask = tv_tensors.Mask(mask_tensor(file))
+            image, mask = self.decode(image_path, mask_path)
         except UNREADABLE as err:  # they were checked at start-up: changed since?
             raise RuntimeError(
                 f"cannot read {image_path} or its mask {mask_path} ({err}); did it change since training "
                 "started?"
             ) from err
+        return self.transformed(image, mask)
+
+    def decode(self, image_file: Path | IO[bytes], mask_file: Path | IO[bytes]) -> tuple[Image.Image, Any]:
+        """An image in `mode` and its mask (a tv_tensors.Mask), from their files or the files' bytes."""
+        with Image.open(image_file) as file:
+            image = file.convert(self.mode)
+        with Image.open(mask_file) as file:
+            return image, tv_tensors.Mask(mask_tensor(file))
+
+    # part: streaming
+    def to_shard(self, index: int) -> dict[str, Any]:
+        """Pair `index` as shards store it (src/shard.py): the image's and the mask's file bytes, and the image's
+        path."""
+        image_path, mask_path = self.pairs[index]
+        return {"image": image_path.read_bytes(), "mask": mask_path.read_bytes(), "file": str(image_path)}
+
+    def from_shard(self, sample: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        """A stored pair (data=streaming) as the item its files give."""
+        try:
+            image, mask = self.decode(io.BytesIO(sample["image"]), io.BytesIO(sample["mask"]))
+        except UNREADABLE as err:
+            raise RuntimeError(
+                f"the shards hold an unreadable copy of {sample['file']} or its mask ({err}); write them again "
+                "with src/shard.py"
+            ) from err
+        return self.transformed(image, mask)
+
+    # /part
+
+    def transformed(self, image: Image.Image, mask: Any) -> tuple[torch.Tensor, torch.Tensor]:
         image, mask = self.transform(image, mask)
         if not isinstance(image, torch.Tensor):
             raise TypeError(
@@ -214,6 +242,14 @@ class SegmentationFolderDataModule(SegmentationDataModule):
         except ValueError as err:
             raise BadFileError(str(err)) from err
 
+    # part: streaming
+    def shard_decoder(self, stage: str) -> Callable[[dict[str, Any]], tuple[torch.Tensor, torch.Tensor]]:
+        """How data=streaming makes `stage`'s item of a pair that shards store from these files
+        (SegmentationFolderDataset.to_shard): with that stage's transforms and colour mode."""
+        transform = instantiate(self._transform_config(stage))
+        return SegmentationFolderDataset([], transform, self.hparams.image_mode).from_shard
+
+    # /part
     # part: predict
     def inference_preprocessing(self) -> dict[str, Any]:
         """What the test images go through: their transforms config (test's, else val's; it takes an image

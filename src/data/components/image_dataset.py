@@ -1,9 +1,10 @@
 """A Dataset of image files with labels: decoded with PIL, transformed by torchvision's transforms v2."""
 
 import copy
+import io  # [part: streaming]
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch
 from hydra.utils import instantiate
@@ -79,11 +80,34 @@ class ImageDataset(Dataset):
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         path, label = self.samples[index]
         try:
-            with Image.open(path) as file:
-                image = file.convert(self.mode)  # decodes the whole file: a truncated one fails here
+            image = self.decode(path)
         except UNREADABLE as err:
             raise RuntimeError(
                 f"cannot read image {path} ({err}); replace or remove it, or set data.skip_corrupt=true "
                 "to skip unreadable images"
             ) from err
         return self.transform(image), label
+
+    def decode(self, file: Path | IO[bytes]) -> Image.Image:
+        """An image file (or its bytes), decoded whole (a truncated one fails here) and converted to `mode`."""
+        with Image.open(file) as image:
+            return image.convert(self.mode)
+
+    # part: streaming
+    def to_shard(self, index: int) -> dict[str, Any]:
+        """Sample `index` as shards store it (src/shard.py): the image file's bytes, its label and its path."""
+        path, label = self.samples[index]
+        return {"image": Path(path).read_bytes(), "label": label, "file": str(path)}
+
+    def from_shard(self, sample: dict[str, Any]) -> tuple[torch.Tensor, int]:
+        """A stored sample (data=streaming) as the item its file gives: decoded, then transformed."""
+        try:
+            image = self.decode(io.BytesIO(sample["image"]))
+        except UNREADABLE as err:
+            raise RuntimeError(
+                f"the shards hold an unreadable copy of {sample['file']} ({err}); write them again with "
+                "src/shard.py"
+            ) from err
+        return self.transform(image), int(sample["label"])
+
+    # /part

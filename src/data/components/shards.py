@@ -1,0 +1,290 @@
+"""The shard format that `python src/shard.py` writes and data=streaming reads: one folder (or URL prefix) with
+
+    train/, val/, test/   each split of a data option as litdata.optimize writes it: index.json + chunk files
+    shards.json           written last, and alone says the shards are finished: what they hold (see `shard`)
+    shards.partial        written first and removed last: a folder with it but without shards.json is this
+                          command's own half-written output, which it writes again from scratch
+
+The splits are those of the data option after its `setup()`, so folds and drawn splits are what a run on the
+option itself would train on. A dataset that reads image files (one with `to_shard(index)` and
+`from_shard(sample)`: ImageDataset, the segmentation folder's) is stored as the files' bytes, which
+data=streaming decodes and transforms with the option's own transforms (`encoding: files`); any other dataset
+as the tensors its items are (`encoding: tensors`).
+"""
+
+import json
+import logging
+import shutil
+import sys
+import warnings
+from functools import cache, partial
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+from torch.utils.data import Dataset, Subset
+
+from src.run.builder import prepare
+from src.run.resume import config_changes
+
+log = logging.getLogger(__name__)
+
+FORMAT = 1
+SPLITS = ("train", "val", "test")
+FACTS_FILE = "shards.json"
+PARTIAL_FILE = "shards.partial"
+# How the source option loads batches: no part of what the shards hold, so re-sharding with other values of
+# these is the same output.
+LOADER_KEYS = (
+    "batch_size",
+    "num_workers",
+    "pin_memory",
+    "persistent_workers",
+    "prefetch_factor",
+    "drop_last",
+)
+
+
+@cache
+def litdata() -> ModuleType:
+    """The litdata package, imported when shards are written or read (it takes seconds to import)."""
+    try:
+        import litdata
+    except ModuleNotFoundError as err:
+        raise ModuleNotFoundError(
+            'data=streaming and src/shard.py need litdata: pip install -e ".[streaming]"'
+        ) from err
+    # Left out of a run's output, what litdata and Lightning say at every loader that no run can act on:
+    # litdata's INFO lines about its reader and cache; its warning that drop_last is off under DDP (here only
+    # validation and test loaders have it off, and their steps run no collectives: metrics sync once an epoch);
+    # Lightning's, that an IterableDataset's length may be wrong with workers (litdata deals chunks to them).
+    logging.getLogger("litdata").setLevel(logging.WARNING)
+    logging.getLogger("litdata.streaming.dataset").addFilter(
+        lambda record: "disabled the `drop_last` option" not in record.getMessage()
+    )
+    warnings.filterwarnings("ignore", r"Your `IterableDataset` has `__len__` defined")
+    return litdata
+
+
+def is_url(location: str) -> bool:
+    return "://" in location
+
+
+def remote_options(location: str, data: Any = None) -> dict[str, Any]:
+    """litdata's `storage_options` for shards at a URL (s3://, gs://); {} for a local folder.
+
+    TODO(lead): wire src/data/components/object_store.py in here (storage options, credential and bucket
+    checks, credentials refused in configs); every read and write of a URL here takes its options from this call.
+    """
+    return {}
+
+
+class Folder:
+    """The few file operations the format needs, on a local folder. (A URL's: TODO(lead), object_store.py.)"""
+
+    def __init__(self, location: str, key: str) -> None:
+        if is_url(location):
+            raise NotImplementedError(
+                f"{key}={location}: shards in object storage need src/data/components/object_store.py"
+            )
+        self.path = Path(location)
+        self.key = key  # the config key that names the folder, for error messages
+
+    def exists(self) -> bool:
+        return self.path.is_dir()
+
+    def names(self) -> list[str]:
+        return sorted(entry.name for entry in self.path.iterdir()) if self.exists() else []
+
+    def read_json(self, name: str) -> Any:
+        """The JSON file `name`, or None when there is none; an error naming it when it does not parse."""
+        path = self.path / name
+        if not path.is_file():
+            return None
+        try:
+            return json.loads(path.read_text())
+        except json.JSONDecodeError as err:
+            raise ValueError(
+                f"{self.key}={self.path}: {name} is damaged ({err}); write the shards again with src/shard.py"
+            ) from err
+
+    def write_json(self, name: str, content: Any) -> None:
+        """Written whole, then renamed into place: a reader never finds half a file."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        partial_path = self.path / f".{name}.tmp"
+        partial_path.write_text(json.dumps(content, indent=1) + "\n")
+        partial_path.replace(self.path / name)
+
+    def remove(self, name: str) -> None:
+        path = self.path / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
+
+    def size(self, name: str) -> int | None:
+        path = self.path / name
+        return path.stat().st_size if path.is_file() else None
+
+
+# --- reading (data=streaming) ---
+
+
+def read_facts(location: str, key: str = "data.input_dir") -> dict[str, Any]:
+    """What the finished shards at `location` hold (their shards.json); an error naming `key` and the fix when
+    there are none, or they are not finished."""
+    folder = Folder(location, key)
+    write = f"python src/shard.py data=<option> output_dir={location}"
+    if not folder.exists():
+        raise FileNotFoundError(f"{key}={location} does not exist; write shards there first: {write}")
+    facts = folder.read_json(FACTS_FILE)
+    if facts is None:
+        names = folder.names()
+        if not names:
+            raise ValueError(f"{key}={location} is empty; write shards there first: {write}")
+        if PARTIAL_FILE in names:
+            raise ValueError(
+                f"{key}={location} is not finished (it has no {FACTS_FILE}: src/shard.py stopped while writing "
+                "it): run the shard command again, with the same output_dir"
+            )
+        raise ValueError(
+            f"{key}={location} holds no {FACTS_FILE}, so src/shard.py did not write it; give the output_dir of a "
+            f"shard command, or write shards there first: {write}"
+        )
+    if facts.get("format") != FORMAT:
+        raise ValueError(
+            f"{key}={location} holds shards of format {facts.get('format')}, this project reads format {FORMAT}: "
+            "write them again with src/shard.py"
+        )
+    return facts
+
+
+def check_chunks(location: str, split: str, facts: dict[str, Any], key: str = "data.input_dir") -> None:
+    """An error naming the damaged file when a split's index or a chunk file is missing or not the size its
+    index says (a copy that stopped halfway, a truncated download), before any batch is read."""
+    folder = Folder(f"{location}/{split}", key)
+    again = f"copy the shards again, or write them again with src/shard.py (output_dir={location})"
+    index = folder.read_json("index.json")
+    if index is None:
+        raise FileNotFoundError(f"{key}={location}: {split}/index.json is missing; {again}")
+    samples = sum(chunk["chunk_size"] for chunk in index["chunks"])
+    if samples != facts["samples"][split]:
+        raise ValueError(
+            f"{key}={location}: {split}/index.json lists {samples} samples but {FACTS_FILE} says "
+            f"{facts['samples'][split]}; {again}"
+        )
+    for chunk in index["chunks"]:
+        size = folder.size(chunk["filename"])
+        if size != chunk["chunk_bytes"]:
+            found = "missing" if size is None else f"{size} bytes instead of {chunk['chunk_bytes']}"
+            raise ValueError(
+                f"{key}={location}: chunk {split}/{chunk['filename']} is damaged ({found}); {again}"
+            )
+
+
+# --- writing (src/shard.py) ---
+
+
+def shard(cfg: DictConfig) -> None:
+    """Write the splits of `cfg.data` as shards to `cfg.output_dir`; nothing when they are there already.
+
+    shards.json holds: `format`; `data`, the source data config (resolved, with its _target_); `task`,
+    `num_classes`, `class_names`, `ignore_index` (segmentation) and `input_shape`, as the source option says
+    them after setup(); `preprocessing`, its inference_preprocessing() (null without one); `encoding`
+    (files or tensors); `samples`, the sample count of each split.
+    """
+    prepare(cfg)  # checks, extras, seed and the data keys that follow the net's weights, as a run does
+    output = str(cfg.output_dir)
+    source = OmegaConf.to_container(cfg.data, resolve=True)
+    folder = Folder(output, "output_dir")
+    if not should_write(folder, source):
+        return
+    folder.write_json(PARTIAL_FILE, {"data": source})  # before anything else: the folder is ours
+    datamodule = instantiate(cfg.data, _convert_="all")
+    datamodule.prepare_data()
+    datamodule.setup("fit")  # every split, as a run of the source option would draw them
+    datasets = {split: getattr(datamodule, f"data_{split}") for split in SPLITS}
+    encoding = "files" if hasattr(unwrapped(datasets["train"], 0)[0], "to_shard") else "tensors"
+    for split, dataset in datasets.items():
+        write_split(dataset, f"{output}/{split}", cfg, remote_options(output, cfg.data))
+        log.info(f"Wrote the {len(dataset)} samples of {split} ({encoding}) to {output}/{split}")
+    hparams = datamodule.hparams
+    preprocessing = getattr(datamodule, "inference_preprocessing", None)
+    folder.write_json(
+        FACTS_FILE,
+        {
+            "format": FORMAT,
+            "data": source,
+            "task": getattr(datamodule, "task", None),
+            "num_classes": hparams.get("num_classes"),
+            "class_names": list(hparams["class_names"]) if hparams.get("class_names") else None,
+            "ignore_index": hparams.get("ignore_index"),
+            "input_shape": list(hparams.input_shape),
+            "preprocessing": preprocessing() if preprocessing else None,
+            "encoding": encoding,
+            "samples": {split: len(dataset) for split, dataset in datasets.items()},
+        },
+    )
+    folder.remove(PARTIAL_FILE)
+    log.info(f"Shards finished: train from them with data=streaming data.input_dir={output}")
+
+
+def should_write(folder: Folder, source: dict[str, Any]) -> bool:
+    """False when the folder holds finished shards of this source config; True when it is empty, new, or this
+    command's half-written output (cleared here); an error when it holds anything else."""
+    where = f"output_dir={folder.path}"
+    facts = folder.read_json(FACTS_FILE)
+    if facts is not None:
+        changes = config_changes(without_loader_keys(facts.get("data")), without_loader_keys(source))
+        if not changes:
+            log.info(f"{where} holds these shards already ({FACTS_FILE}): nothing to do")
+            return False
+        raise FileExistsError(
+            f"{where} holds shards of another data config (data.{'; data.'.join(changes)}); choose another "
+            "output_dir, or delete that folder to write them again"
+        )
+    names = folder.names()
+    if PARTIAL_FILE in names:
+        log.warning(f"{where} is a half-written output of this command (no {FACTS_FILE}): writing it again")
+        for name in names:
+            folder.remove(name)
+    elif names:
+        raise FileExistsError(
+            f"{where} is not empty and holds no shards of this command ({', '.join(names[:3])}, ...); choose "
+            "a new or empty folder"
+        )
+    return True
+
+
+def without_loader_keys(config: Any) -> dict[str, Any]:
+    return {key: value for key, value in (config or {}).items() if key not in LOADER_KEYS}
+
+
+def unwrapped(dataset: Dataset, index: int) -> tuple[Dataset, int]:
+    """The dataset an item really comes from, and its index there, through Subsets (splits, folds)."""
+    while isinstance(dataset, Subset):
+        dataset, index = dataset.dataset, dataset.indices[index]
+    return dataset, index
+
+
+def stored_sample(dataset: Dataset, index: int) -> Any:
+    """Sample `index` as the shards store it: its files' bytes (`to_shard`), else the item itself."""
+    dataset, index = unwrapped(dataset, index)
+    return dataset.to_shard(index) if hasattr(dataset, "to_shard") else dataset[index]
+
+
+def write_split(dataset: Dataset, output: str, cfg: DictConfig, options: dict[str, Any]) -> None:
+    litdata().optimize(
+        fn=partial(stored_sample, dataset),
+        inputs=list(range(len(dataset))),
+        output_dir=output,
+        chunk_bytes=cfg.chunk_bytes,
+        num_workers=max(1, min(cfg.num_workers, len(dataset))),
+        # Forked workers share the loaded dataset, as PyTorch's DataLoader workers do on Linux; litdata's
+        # default (spawn) starts each as a new interpreter that imports torch again: seconds per split.
+        start_method="fork" if sys.platform == "linux" else None,
+        storage_options=options,
+        verbose=False,
+    )

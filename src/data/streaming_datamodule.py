@@ -1,0 +1,203 @@
+"""Any data option, streamed from the litdata shards `python src/shard.py` wrote (`data=streaming`): on a local
+disk, or in object storage with a local cache.
+
+The shards say what they hold (shards.json, src/data/components/shards.py): the classes, the input shape, the
+task, and the config of the data option they came from. That option is built from its config, never set up
+(its files need not be here), and lends this one what a run on it would use: its transforms for each stage
+(image files are stored as their bytes and decoded here), its collate, its batch augmentation
+(on_after_batch_transfer) and its inference preprocessing, so that a checkpoint trained from the shards
+predicts and exports like one trained from the option itself.
+
+Each split is a litdata StreamingDataset, built in its *_dataloader() (under DDP only then does it know the
+ranks: built before the process group exists, one rank would read everything). litdata's StreamingDataLoader
+has a length (from the shards' index: `trainer.estimated_stepping_batches` and model/scheduler=warmup_cosine
+work) and a state that Lightning saves in every checkpoint, so a run resumed mid-epoch continues with the
+batches it would have had.
+"""
+
+from collections.abc import Callable, Iterator, Sequence
+from functools import cached_property, partial
+from typing import Any
+
+import lightning as L
+from hydra.utils import get_class, instantiate
+from omegaconf import DictConfig, OmegaConf
+from torch.utils.data import DataLoader, default_collate
+
+from src.data.components.shards import SPLITS, check_chunks, litdata, read_facts, remote_options
+from src.data.datamodule import DataModule, split_batch_size
+
+# What the shards say that data=streaming's config leaves null (configs/data/streaming.yaml): the model's
+# configs read them (${data.num_classes}, ${data.input_shape}, ${data.ignore_index}).
+FACT_KEYS = ("task", "num_classes", "class_names", "input_shape", "ignore_index")
+
+
+def follow_the_shards(cfg: DictConfig) -> None:
+    """For data=streaming, fill the data keys its shards know (FACT_KEYS) from their shards.json, before
+    anything reads them; a key set to something else is refused, and so are shards of another task than the
+    model's. Nothing for other data. Errors name data.input_dir and the fix when it holds no finished shards."""
+    data = cfg.get("data")
+    if not isinstance(data, DictConfig) or not _is_streaming(data.get("_target_")):
+        return
+    facts = read_facts(str(data.input_dir))
+    for key in FACT_KEYS:
+        given = OmegaConf.to_container(data[key]) if OmegaConf.is_config(data[key]) else data[key]
+        if given is None:
+            data[key] = facts[key]
+        elif given != facts[key]:
+            raise ValueError(
+                f"data.{key}={given} but the shards at data.input_dir={data.input_dir} have {facts[key]}; "
+                f"leave data.{key}=null: it follows the shards"
+            )
+    model_target = OmegaConf.select(cfg, "model._target_")
+    model_task = getattr(get_class(model_target), "task", None) if model_target else None
+    if model_task not in (None, "any") and facts["task"] not in (None, model_task):
+        raise ValueError(
+            f"data.input_dir={data.input_dir} holds {facts['task']} shards but the model "
+            f"({model_target.rsplit('.', 1)[-1]}) is a {model_task} model; choose a model option for "
+            f"{facts['task']} (its model= option), or shards of {model_task} data"
+        )
+
+
+def _is_streaming(target: Any) -> bool:
+    try:
+        return isinstance(target, str) and issubclass(get_class(target), StreamingDataModule)
+    except (ImportError, AttributeError, ValueError):
+        return False  # an unknown target fails with Hydra's own message when instantiated
+
+
+class InLoaderOrder:
+    """The samples of a split, one by one, in the order its loader gives them (its batches taken apart):
+    predict pairs each prediction with the sample it was made from (src/inference/inputs.py)."""
+
+    def __init__(self, loader: Callable[[], DataLoader]) -> None:
+        self.loader = loader
+
+    def __iter__(self) -> Iterator[Any]:
+        for batch in self.loader():
+            yield from batch
+
+
+class StreamingDataModule(DataModule):
+    """The splits of the shards at `input_dir` (a folder, or an s3:// or gs:// URL). Every argument is
+    documented in configs/data/streaming.yaml; `task`, `num_classes`, `class_names`, `input_shape` and
+    `ignore_index` come from the shards (`follow_the_shards` fills them in before a run; null ones are read at
+    setup)."""
+
+    name = "streaming"
+    task: str | None = None  # classification, segmentation, ...: the shards say which
+
+    def __init__(
+        self,
+        input_dir: str,
+        task: str | None = None,
+        num_classes: int | None = None,
+        class_names: Sequence[str] | None = None,
+        input_shape: Sequence[int] | None = None,
+        ignore_index: int | None = None,
+        cache_dir: str | None = None,
+        max_cache_size: int | str = "100GB",
+        augment: bool = True,
+        batch_size: int = 64,
+        num_workers: int = 0,
+        pin_memory: bool = False,
+        persistent_workers: bool = False,
+        prefetch_factor: int | None = None,
+        drop_last: bool = False,
+    ) -> None:
+        super().__init__(
+            input_shape=input_shape,
+            augment=augment,
+            batch_size=batch_size,
+            num_workers=num_workers,
+            pin_memory=pin_memory,
+            persistent_workers=persistent_workers,
+            prefetch_factor=prefetch_factor,
+            drop_last=drop_last,
+        )
+        self.task = task
+        self.source: L.LightningDataModule | None = None  # the option the shards came from, once set up
+        self.decoders: dict[str, Callable[[Any], Any]] = {}  # stored sample -> item, per split (files only)
+
+    @cached_property
+    def facts(self) -> dict[str, Any]:
+        """The shards' shards.json."""
+        return read_facts(self.hparams.input_dir)
+
+    def setup(self, stage: str | None = None) -> None:
+        world_size = self.trainer.world_size if self.trainer is not None else 1
+        self.batch_size_per_device = split_batch_size(self.hparams.batch_size, world_size)
+        if self.source is not None:
+            return
+        facts = self.facts
+        for split in SPLITS:
+            check_chunks(self.hparams.input_dir, split, facts)
+        for key in FACT_KEYS:  # built from a config without them (predict's, on a run's test split)
+            if self.hparams[key] is None:
+                self.hparams[key] = facts[key]
+        self.task = self.hparams.task
+        config = dict(facts["data"])
+        if "augment" in config:  # data.augment=false (debug=overfit) turns the source's augmentation off
+            config["augment"] = self.hparams.augment
+        self.source = instantiate(config, _convert_="all")
+        self.source.trainer = self.trainer  # its batch augmentation asks whether the trainer is training
+        collate = getattr(self.source, "collate_fn", None)
+        # `list` marks batches that an in-memory dataset makes whole; from shards they come one sample at a time.
+        self.collate_fn = default_collate if collate in (None, list) else collate
+        if facts["encoding"] == "files":
+            self.decoders = {split: self.source.shard_decoder(split) for split in SPLITS}
+        self.data_test = InLoaderOrder(partial(self._loader, "test", train=False, collate=list))
+
+    def _loader(self, split: str, train: bool, collate: Callable | None = None) -> DataLoader:
+        if self.source is None:
+            raise RuntimeError(f"{type(self).__name__}.setup() must run before asking for a DataLoader")
+        streaming = litdata()
+        hp = self.hparams
+        distributed = self.trainer is not None and self.trainer.world_size > 1
+        overfitting = self.trainer is not None and bool(self.trainer.overfit_batches)
+        dataset = streaming.StreamingDataset(
+            f"{hp.input_dir}/{split}",
+            cache_dir=hp.cache_dir,
+            max_cache_size=hp.max_cache_size,
+            storage_options=remote_options(hp.input_dir),
+            transform=self.decoders.get(split),
+            shuffle=train and not overfitting,  # overfit_batches: the same batches every epoch
+            seed=self._shuffle_seed() if train else 0,
+            # Training under DDP: every rank the same number of batches, or the ranks' collectives hang;
+            # litdata then drops the remainder. Validation and test see every sample.
+            drop_last=(hp.drop_last or distributed) if train else False,
+        )
+        workers = hp.num_workers
+        return streaming.StreamingDataLoader(
+            dataset,
+            batch_size=self.batch_size_per_device,
+            num_workers=workers,
+            collate_fn=collate or self.collate_fn,
+            pin_memory=hp.pin_memory,
+            persistent_workers=hp.persistent_workers and workers > 0,
+            prefetch_factor=hp.prefetch_factor if workers > 0 else None,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train", train=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("val", train=False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("test", train=False)
+
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        return self.source.on_before_batch_transfer(batch, dataloader_idx) if self.source else batch
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """The source option's batch augmentation (mnist5k's random shift), on the device."""
+        return self.source.on_after_batch_transfer(batch, dataloader_idx) if self.source else batch
+
+    # part: predict
+    def inference_preprocessing(self) -> dict[str, Any]:
+        """The source option's: image files become what its test images became."""
+        preprocessing = getattr(self.source, "inference_preprocessing", None)
+        return preprocessing() if preprocessing else self.facts["preprocessing"]
+
+    # /part

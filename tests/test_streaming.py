@@ -1,0 +1,398 @@
+"""Shards of any data option (src/shard.py) and data=streaming: training from them is training from the option
+itself, they are written once and never taken for finished when they are not, and a run from them resumes
+exactly and splits its samples across DDP ranks."""
+
+import csv
+import hashlib
+import json
+import shutil
+from collections import Counter
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+
+from src.data.components.example_images import make_example_images  # [part: folders]
+from src.data.components.shards import FACTS_FILE, PARTIAL_FILE, litdata
+from src.data.streaming_datamodule import StreamingDataModule  # [part: folders]
+from src.run.checkpoints import load_checkpoint
+from src.run.trained_run import TrainedRun, load_model  # [part: predict, folders]
+from tests import test_segmentation_folder as segmentation_folder  # [part: segmentation, folders]
+from tests.conftest import ROOT, built_once, only_run_dir, run_cli, start_cli
+
+WITH_TESTS = {"PYTHONPATH": str(ROOT)}  # so that Hydra finds the test callbacks below
+
+
+def shard(*overrides: str, output: Path, log_dir: Path, data_dir: Path):
+    return run_cli(
+        "shard", *overrides, f"output_dir={output}", "num_workers=2", log_dir=log_dir, data_dir=data_dir
+    )
+
+
+def facts(shards: Path) -> dict:
+    return json.loads((shards / FACTS_FILE).read_text())
+
+
+def stored(shards: Path, split: str) -> list:
+    """Every sample of a split as the shards hold it (files' bytes, or tensors), in the shards' order."""
+    return list(litdata().StreamingDataset(str(shards / split)))
+
+
+def write_test_data(data_dir: Path) -> list[str]:
+    """data=streaming for tests that run every data option (tests/test_data.py): the digits, sharded to the
+    default input_dir."""
+    result = shard("data=digits", output=data_dir / "shards", log_dir=data_dir / "logs", data_dir=data_dir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return []
+
+
+@pytest.fixture(scope="session")
+def digit_shards(tmp_path_factory: pytest.TempPathFactory, data_dir: Path) -> Path:
+    """`python src/shard.py data=digits`: in-memory tensors, stored as tensors."""
+
+    def build(folder: Path) -> None:
+        result = shard("data=digits", output=folder / "shards", log_dir=folder / "logs", data_dir=data_dir)
+        assert result.returncode == 0, result.stderr[-3000:]
+
+    return built_once(tmp_path_factory, "digit_shards", build) / "shards"
+
+
+# part: folders
+def image_folder(images: Path) -> list[str]:
+    """data=image_folder on the example digits (scripts/make_example_images.py): grey PNGs of mixed sizes."""
+    return [
+        "data=image_folder",
+        f"data.image_dir={images / 'images'}",
+        f"data.label_file={images / 'train.csv'}",
+        f"data.test_label_file={images / 'test.csv'}",
+        "data.split=[0.8,0.2,0.0]",
+        "data.num_classes=10",
+        "data.input_shape=[1,28,28]",
+        "data.image_mode=L",
+        "data.check_cache=null",
+    ]
+
+
+@pytest.fixture(scope="session")
+def image_shards(tmp_path_factory: pytest.TempPathFactory, data_dir: Path) -> Path:
+    """The example image folder (300 digits) and its shards (`shards/`): image files, stored as their bytes."""
+
+    def build(folder: Path) -> None:
+        make_example_images(folder / "images", data_dir, count=300, test=60)
+        overrides = image_folder(folder / "images")
+        result = shard(*overrides, output=folder / "shards", log_dir=folder / "logs", data_dir=data_dir)
+        assert result.returncode == 0, result.stderr[-3000:]
+
+    return built_once(tmp_path_factory, "image_shards", build)
+
+
+@pytest.fixture(scope="session")
+def image_run(tmp_path_factory: pytest.TempPathFactory, data_dir: Path, image_shards: Path) -> Path:
+    """A short run trained from the image shards alone: `data=streaming data.input_dir=<shards>`."""
+
+    def train(log_dir: Path) -> None:
+        overrides = ["data=streaming", f"data.input_dir={image_shards / 'shards'}", "data.batch_size=32"]
+        overrides += ["trainer.max_epochs=1", "+trainer.limit_train_batches=4", "run_name=images"]
+        result = run_cli("train", *overrides, log_dir=log_dir, data_dir=data_dir)
+        assert result.returncode == 0, result.stderr[-3000:]
+
+    return built_once(tmp_path_factory, "image_run", train) / "train" / "runs" / "images"
+
+
+@pytest.mark.slow
+def test_image_files_are_stored_as_their_bytes_and_read_back_as_the_source_reads_them(
+    image_shards: Path, image_run: Path
+):
+    from hydra.utils import instantiate
+
+    shards = image_shards / "shards"
+    held = facts(shards)
+    assert held["encoding"] == "files" and held["task"] == "classification" and held["num_classes"] == 10
+    assert held["samples"] == {"train": 192, "val": 48, "test": 60}  # the source's own split of 240 + 60
+    assert held["data"]["_target_"].endswith("ImageFolderDataModule") and held["input_shape"] == [1, 28, 28]
+    sample = stored(shards, "test")[0]
+    assert bytes(sample["image"]) == Path(sample["file"]).read_bytes()  # the file itself, not pixels
+
+    # The validation split read from the shards is the source's, sample for sample (its transforms are
+    # deterministic): same files, same tensors.
+    source = instantiate(held["data"], _convert_="all")
+    source.setup("fit")
+    expected = {str(path): source.data_val[i] for i, (path, _) in enumerate(source.data_val.samples)}
+    streaming = StreamingDataModule(str(shards))
+    streaming.setup("fit")
+    samples = stored(shards, "val")
+    assert sorted(s["file"] for s in samples) == sorted(expected)
+    for sample in samples:
+        image, label = streaming.decoders["val"](sample)
+        assert torch.equal(image, expected[sample["file"]][0]) and label == expected[sample["file"]][1]
+
+    # Trained from the shards alone: the classes and their names are the source's.
+    record = json.loads((image_run / "run.json").read_text())
+    assert record["status"] == "completed" and "test/acc" in record["final_metrics"]
+    hparams = load_checkpoint(image_run / "checkpoints" / "best.ckpt")["hyper_parameters"]
+    assert hparams["class_names"] == held["class_names"] == sorted(held["class_names"])
+    owner = {"datamodule": "src.data.streaming_datamodule.StreamingDataModule"}  # [part: predict]
+    assert hparams["preprocessing"] == owner | held["preprocessing"]  # the source's  [part: predict]
+
+
+# part: predict
+@pytest.mark.slow
+def test_a_model_trained_from_shards_predicts_on_the_source_images_as_on_the_shards(
+    image_shards: Path, image_run: Path, tmp_path: Path, data_dir: Path
+):
+    # On the source's image files, as a user predicts...
+    images = image_shards / "images" / "images"
+    predicted = run_cli(
+        "predict", f"run_dir={image_run}", f"inputs={images}", log_dir=tmp_path, data_dir=data_dir
+    )
+    assert predicted.returncode == 0, predicted.stderr[-3000:]
+    rows = json.loads((only_run_dir(tmp_path, "predict") / "predictions.json").read_text())
+    by_file = {row["file"]: row for row in rows}
+    # ... the same outputs as the model on the test samples stored in the shards.
+    model = load_model(TrainedRun(image_run / "checkpoints" / "best.ckpt", None))
+    streaming = StreamingDataModule(str(image_shards / "shards"))
+    streaming.setup("test")
+    for sample in stored(image_shards / "shards", "test"):
+        image, _ = streaming.decoders["test"](sample)
+        with torch.no_grad():
+            probabilities = model(image[None]).softmax(dim=1)[0]
+        row = by_file[sample["file"]]
+        assert row["predicted"] == int(probabilities.argmax())
+        assert row["probability"] == pytest.approx(float(probabilities.max()), abs=1e-5)
+
+    # On the run's own test split (the shards'), each prediction with its sample: the run's test accuracy.
+    on_split = run_cli("predict", f"run_dir={image_run}", log_dir=tmp_path / "split", data_dir=data_dir)
+    assert on_split.returncode == 0, on_split.stderr[-3000:]
+    record = json.loads((only_run_dir(tmp_path / "split", "predict") / "run.json").read_text())
+    trained = json.loads((image_run / "run.json").read_text())["final_metrics"]["test/acc"]
+    assert record["final_metrics"]["predict/acc"] == pytest.approx(trained, abs=1e-6)
+
+
+# /part
+# /part
+
+
+# part: segmentation, folders
+@pytest.mark.slow
+def test_a_segmentation_folder_is_sharded_with_its_masks_and_trained_from(tmp_path: Path, data_dir: Path):
+    segmentation_folder.write_folder(tmp_path / "pairs")
+    shards = tmp_path / "shards"
+    written = shard(
+        *segmentation_folder.folder_overrides(tmp_path / "pairs"),
+        output=shards,
+        log_dir=tmp_path,
+        data_dir=data_dir,
+    )
+    assert written.returncode == 0, written.stderr[-3000:]
+    held = facts(shards)
+    assert held["encoding"] == "files" and held["task"] == "segmentation" and held["ignore_index"] == 255
+    sample = stored(shards, "val")[0]
+    mask = Path(sample["file"].replace("/images/", "/masks/")).with_suffix(".png")
+    assert bytes(sample["mask"]) == mask.read_bytes()
+
+    overrides = [
+        "data=streaming",
+        f"data.input_dir={shards}",
+        "data.batch_size=4",
+        *segmentation_folder.TINY_UNET,
+    ]
+    result = run_cli("train", *overrides, "trainer.max_epochs=1", log_dir=tmp_path, data_dir=data_dir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = json.loads((only_run_dir(tmp_path) / "run.json").read_text())
+    assert record["status"] == "completed" and {"test/miou", "val/miou", "train/loss"} <= set(
+        record["final_metrics"]
+    )
+
+
+# /part
+
+
+# --- written once, and never taken for finished when it is not ---
+
+
+@pytest.mark.slow
+def test_the_same_command_again_does_nothing_and_another_config_is_refused(
+    digit_shards: Path, tmp_path: Path, data_dir: Path
+):
+    before = (digit_shards / FACTS_FILE).stat().st_mtime_ns
+    again = shard(
+        "data=digits", "data.batch_size=128", output=digit_shards, log_dir=tmp_path, data_dir=data_dir
+    )
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "holds these shards already (shards.json): nothing to do" in again.stdout + again.stderr
+    assert (digit_shards / FACTS_FILE).stat().st_mtime_ns == before
+    other = shard(
+        "data=digits", "data.split=[1000,397,400]", output=digit_shards, log_dir=tmp_path, data_dir=data_dir
+    )
+    assert other.returncode != 0
+    assert f"output_dir={digit_shards} holds shards of another data config (data.split: " in other.stderr
+    assert "choose another output_dir" in other.stderr
+    assert (digit_shards / FACTS_FILE).stat().st_mtime_ns == before
+
+
+@pytest.mark.slow
+def test_a_half_written_output_is_refused_by_training_and_written_again_by_the_command(
+    tmp_path: Path, data_dir: Path
+):
+    half = tmp_path / "half"  # what a shard command killed while writing leaves
+    (half / "train").mkdir(parents=True)
+    (half / "train" / "chunk-0-0.bin").write_bytes(b"\0" * 10)
+    (half / PARTIAL_FILE).write_text("{}")
+    refused = run_cli(
+        "train", "data=streaming", f"data.input_dir={half}", log_dir=tmp_path, data_dir=data_dir
+    )
+    assert refused.returncode != 0
+    assert f"data.input_dir={half} is not finished" in refused.stderr
+    assert "run the shard command again, with the same output_dir" in refused.stderr
+
+    written = shard("data=digits", output=half, log_dir=tmp_path, data_dir=data_dir)
+    assert written.returncode == 0, written.stderr[-3000:]
+    assert "is a half-written output of this command" in written.stdout + written.stderr
+    assert facts(half)["samples"] == {"train": 1297, "val": 250, "test": 250}
+    assert not (half / PARTIAL_FILE).exists()
+
+    theirs = tmp_path / "theirs"  # a folder the command did not write: never overwritten
+    theirs.mkdir()
+    (theirs / "notes.txt").write_text("mine")
+    kept = shard("data=digits", output=theirs, log_dir=tmp_path, data_dir=data_dir)
+    assert kept.returncode != 0
+    assert f"output_dir={theirs} is not empty and holds no shards of this command" in kept.stderr
+    assert sorted(p.name for p in theirs.iterdir()) == ["notes.txt"]
+
+
+@pytest.mark.slow
+def test_bad_shard_dirs_and_shards_that_do_not_fit_the_model_are_refused(
+    digit_shards: Path, tmp_path: Path, data_dir: Path
+):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "theirs").mkdir()
+    (tmp_path / "theirs" / "data.csv").write_text("x")
+    damaged = tmp_path / "damaged"
+    shutil.copytree(digit_shards, damaged)
+    chunk = sorted((damaged / "val").glob("*.bin"))[0]
+    chunk.write_bytes(chunk.read_bytes()[:100])  # a copy that stopped halfway
+    dirs = {
+        "missing": "does not exist; write shards there first: python src/shard.py data=<option> output_dir=",
+        "empty": "is empty; write shards there first",
+        "theirs": "holds no shards.json, so src/shard.py did not write it",
+        "damaged": f"chunk val/{chunk.name} is damaged (100 bytes instead of",
+    }
+    sweep = ",".join(str(tmp_path / name) for name in dirs)
+    run_cli(
+        "train",
+        "-m",
+        "data=streaming",
+        f"data.input_dir={sweep}",
+        log_dir=tmp_path / "dirs",
+        data_dir=data_dir,
+    )
+    for row in summary(tmp_path / "dirs"):
+        name = Path(row["data.input_dir"]).name
+        assert row["status"] == "failed" and f"data.input_dir={tmp_path / name}" in row["error"], row
+        assert dirs[name] in row["error"], row
+
+    # Shards of another class count or task than the model, before anything is built.
+    models = ["model=classifier,segmenter", "model.num_classes=3", f"data.input_dir={digit_shards}"]
+    run_cli("train", "-m", "data=streaming", *models, log_dir=tmp_path / "models", data_dir=data_dir)
+    errors = {row["model"]: row["error"] for row in summary(tmp_path / "models")}
+    assert "model.num_classes=3 but data.num_classes=10" in errors["classifier"]
+    assert (
+        f"data.input_dir={digit_shards} holds classification shards but the model (SegmenterModule)"
+        in (errors["segmenter"])
+    )
+
+
+def summary(log_dir: Path) -> list[dict[str, str]]:
+    (sweep,) = (log_dir / "train" / "multiruns").iterdir()
+    with open(sweep / "summary.csv") as file:
+        return list(csv.DictReader(file))
+
+
+# --- exact resume, DDP, the run's length ---
+
+# The digit shards with the MLP, 21 steps an epoch, every random choice seeded and deterministic.
+EXACT = ["data=streaming", "model/net=mlp", "trainer.max_epochs=2", "trainer.deterministic=true"]
+
+
+@pytest.mark.slow
+def test_a_run_killed_mid_epoch_resumes_to_the_same_weights(
+    digit_shards: Path, tmp_path: Path, data_dir: Path
+):
+    common = [*EXACT, f"data.input_dir={digit_shards}", "callbacks.last_checkpoint.every_n_train_steps=5"]
+    common += ["+callbacks.kill._target_=tests.helpers.KillAtStep"]
+    straight = start_cli(
+        "train", *common, "run_name=straight", log_dir=tmp_path, data_dir=data_dir, output=tmp_path / "s.out",
+        env=WITH_TESTS,
+    )  # fmt: skip
+    killed = start_cli(
+        "train", *common, "run_name=killed", log_dir=tmp_path, data_dir=data_dir, output=tmp_path / "k.out",
+        env=WITH_TESTS | {"KILL_AT_STEP": "28"},  # 7 steps into epoch 1, 3 after the checkpoint of step 25
+    )  # fmt: skip
+    assert killed.wait(timeout=300) != 0 and straight.wait(timeout=300) == 0
+    run_dir = tmp_path / "train" / "runs" / "killed"
+    assert load_checkpoint(run_dir / "checkpoints" / "last.ckpt")["global_step"] == 25
+
+    resumed = run_cli(
+        "train", *common, "run_name=killed", log_dir=tmp_path, data_dir=data_dir, env=WITH_TESTS
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "Resuming run killed (stopped running)" in resumed.stdout + resumed.stderr
+    a = load_checkpoint(run_dir / "checkpoints" / "last.ckpt")["state_dict"]
+    b = load_checkpoint(tmp_path / "train" / "runs" / "straight" / "checkpoints" / "last.ckpt")["state_dict"]
+    assert all(torch.equal(a[name], b[name]) for name in b)
+
+
+class RecordSamples(L.Callback):
+    """Writes `<folder>/rank<global rank>.json` after the first epoch: a digest of every training sample this
+    rank was given, and the optimizer steps the run planned (`estimated_stepping_batches`)."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = Path(folder)
+        self.seen: list[str] = []
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int
+    ) -> None:
+        if trainer.current_epoch == 0:
+            self.seen += [digest(image) for image in batch[0]]
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.current_epoch == 0:
+            record = {"seen": self.seen, "planned_steps": trainer.estimated_stepping_batches}
+            self.folder.mkdir(parents=True, exist_ok=True)
+            (self.folder / f"rank{trainer.global_rank}.json").write_text(json.dumps(record))
+
+
+def digest(image: torch.Tensor) -> str:
+    return hashlib.sha256(image.cpu().contiguous().numpy().tobytes()).hexdigest()
+
+
+@pytest.mark.slow
+def test_ddp_ranks_share_out_every_sample_once_and_the_run_knows_its_length(
+    digit_shards: Path, tmp_path: Path, data_dir: Path
+):
+    record = [
+        "+callbacks.record._target_=tests.test_streaming.RecordSamples",
+        f"+callbacks.record.folder={tmp_path}",
+    ]
+    schedule = ["model/scheduler=warmup_cosine", "model.scheduler.warmup_steps=5"]  # [part: pretrained]
+    overrides = [*EXACT, f"data.input_dir={digit_shards}", "trainer=ddp_sim", *record]
+    overrides += schedule  # [part: pretrained]
+    result = run_cli("train", *overrides, log_dir=tmp_path, data_dir=data_dir, env=WITH_TESTS)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "GLOBAL_RANK: 1, MEMBER: 2/2" in result.stdout + result.stderr
+    ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    # Each rank 20 batches of 32 (the global 64 split in two): 1280 of the 1297 training digits, none twice.
+    assert [len(rank["seen"]) for rank in ranks] == [640, 640]
+    every = Counter(digest(image) for image, _ in stored(digit_shards, "train"))
+    seen = Counter(ranks[0]["seen"]) + Counter(ranks[1]["seen"])
+    assert not seen - every  # no sample more often than the shards hold it: the ranks' shares are disjoint
+    assert (
+        every.total() - seen.total() == 17 < 2 * 32
+    )  # the remainder drop_last leaves out: under a batch a rank
+
+    # The run's length was known before it started (from the shards' index), and was its length.
+    checkpoint = load_checkpoint(only_run_dir(tmp_path) / "checkpoints" / "last.ckpt")
+    assert ranks[0]["planned_steps"] == ranks[1]["planned_steps"] == checkpoint["global_step"] == 2 * 20
+    assert checkpoint["lr_schedulers"][0]["total_steps"] == 40  # [part: pretrained]
