@@ -36,6 +36,7 @@ NEEDS_SOMETHING = {
     ("data", "mnist"): "could not be downloaded",  # the full MNIST: a download, no network here
     ("data", "image_folder"): "data.image_dir",  # your own images: say where they are
     ("data", "segmentation_folder"): "data.image_dir",  # your own images and masks, likewise
+    ("data", "streaming"): "data.input_dir",  # shards: write them first (src/shard.py)  [part: streaming]
     ("trainer", "fsdp"): "needs CUDA GPUs",
     ("trainer", "deepspeed"): "needs CUDA GPUs",
 }

@@ -39,6 +39,11 @@ def stored(shards: Path, split: str) -> list:
     return list(litdata().StreamingDataset(str(shards / split)))
 
 
+def file_of(sample: dict) -> str:
+    """The path of the file a stored sample came from."""
+    return bytes(sample["file"]).decode()
+
+
 def write_test_data(data_dir: Path) -> list[str]:
     """data=streaming for tests that run every data option (tests/test_data.py): the digits, sharded to the
     default input_dir."""
@@ -112,7 +117,7 @@ def test_image_files_are_stored_as_their_bytes_and_read_back_as_the_source_reads
     assert held["samples"] == {"train": 192, "val": 48, "test": 60}  # the source's own split of 240 + 60
     assert held["data"]["_target_"].endswith("ImageFolderDataModule") and held["input_shape"] == [1, 28, 28]
     sample = stored(shards, "test")[0]
-    assert bytes(sample["image"]) == Path(sample["file"]).read_bytes()  # the file itself, not pixels
+    assert bytes(sample["image"]) == Path(file_of(sample)).read_bytes()  # the file itself, not pixels
 
     # The validation split read from the shards is the source's, sample for sample (its transforms are
     # deterministic): same files, same tensors.
@@ -122,10 +127,10 @@ def test_image_files_are_stored_as_their_bytes_and_read_back_as_the_source_reads
     streaming = StreamingDataModule(str(shards))
     streaming.setup("fit")
     samples = stored(shards, "val")
-    assert sorted(s["file"] for s in samples) == sorted(expected)
+    assert sorted(file_of(s) for s in samples) == sorted(expected)
     for sample in samples:
         image, label = streaming.decoders["val"](sample)
-        assert torch.equal(image, expected[sample["file"]][0]) and label == expected[sample["file"]][1]
+        assert torch.equal(image, expected[file_of(sample)][0]) and label == expected[file_of(sample)][1]
 
     # Trained from the shards alone: the classes and their names are the source's.
     record = json.loads((image_run / "run.json").read_text())
@@ -134,6 +139,19 @@ def test_image_files_are_stored_as_their_bytes_and_read_back_as_the_source_reads
     assert hparams["class_names"] == held["class_names"] == sorted(held["class_names"])
     owner = {"datamodule": "src.data.streaming_datamodule.StreamingDataModule"}  # [part: predict]
     assert hparams["preprocessing"] == owner | held["preprocessing"]  # the source's  [part: predict]
+
+
+@pytest.mark.slow
+def test_a_model_trained_from_shards_evaluates_on_the_source_images_as_on_the_shards(
+    image_shards: Path, image_run: Path, tmp_path: Path, data_dir: Path
+):
+    source = image_folder(image_shards / "images")  # the option the shards came from, chosen again
+    evaluated = run_cli("eval", f"run_dir={image_run}", *source, log_dir=tmp_path, data_dir=data_dir)
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    on_source = json.loads((only_run_dir(tmp_path, "eval") / "run.json").read_text())["final_metrics"]
+    on_shards = json.loads((image_run / "run.json").read_text())["final_metrics"]
+    # (Not the loss: a mean of batch means, and the shards' batches hold the test images in another order.)
+    assert on_source["test/acc"] == pytest.approx(on_shards["test/acc"], abs=1e-6)
 
 
 # part: predict
@@ -157,7 +175,7 @@ def test_a_model_trained_from_shards_predicts_on_the_source_images_as_on_the_sha
         image, _ = streaming.decoders["test"](sample)
         with torch.no_grad():
             probabilities = model(image[None]).softmax(dim=1)[0]
-        row = by_file[sample["file"]]
+        row = by_file[file_of(sample)]
         assert row["predicted"] == int(probabilities.argmax())
         assert row["probability"] == pytest.approx(float(probabilities.max()), abs=1e-5)
 
@@ -188,7 +206,7 @@ def test_a_segmentation_folder_is_sharded_with_its_masks_and_trained_from(tmp_pa
     held = facts(shards)
     assert held["encoding"] == "files" and held["task"] == "segmentation" and held["ignore_index"] == 255
     sample = stored(shards, "val")[0]
-    mask = Path(sample["file"].replace("/images/", "/masks/")).with_suffix(".png")
+    mask = Path(file_of(sample).replace("/images/", "/masks/")).with_suffix(".png")
     assert bytes(sample["mask"]) == mask.read_bytes()
 
     overrides = [
@@ -287,7 +305,9 @@ def test_bad_shard_dirs_and_shards_that_do_not_fit_the_model_are_refused(
         log_dir=tmp_path / "dirs",
         data_dir=data_dir,
     )
-    for row in summary(tmp_path / "dirs"):
+    rows = summary(tmp_path / "dirs")
+    assert len(rows) == len(dirs)
+    for row in rows:
         name = Path(row["data.input_dir"]).name
         assert row["status"] == "failed" and f"data.input_dir={tmp_path / name}" in row["error"], row
         assert dirs[name] in row["error"], row
@@ -296,6 +316,7 @@ def test_bad_shard_dirs_and_shards_that_do_not_fit_the_model_are_refused(
     models = ["model=classifier,segmenter", "model.num_classes=3", f"data.input_dir={digit_shards}"]
     run_cli("train", "-m", "data=streaming", *models, log_dir=tmp_path / "models", data_dir=data_dir)
     errors = {row["model"]: row["error"] for row in summary(tmp_path / "models")}
+    assert sorted(errors) == ["classifier", "segmenter"]
     assert "model.num_classes=3 but data.num_classes=10" in errors["classifier"]
     assert (
         f"data.input_dir={digit_shards} holds classification shards but the model (SegmenterModule)"

@@ -70,9 +70,10 @@ class SegmentationFolderDataset(Dataset):
     # part: streaming
     def to_shard(self, index: int) -> dict[str, Any]:
         """Pair `index` as shards store it (src/shard.py): the image's and the mask's file bytes, and the image's
-        path."""
+        path (as bytes, as ImageDataset.to_shard says)."""
         image_path, mask_path = self.pairs[index]
-        return {"image": image_path.read_bytes(), "mask": mask_path.read_bytes(), "file": str(image_path)}
+        files = {"image": image_path.read_bytes(), "mask": mask_path.read_bytes()}
+        return files | {"file": str(image_path).encode()}
 
     def from_shard(self, sample: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
         """A stored pair (data=streaming) as the item its files give."""
@@ -80,8 +81,8 @@ class SegmentationFolderDataset(Dataset):
             image, mask = self.decode(io.BytesIO(sample["image"]), io.BytesIO(sample["mask"]))
         except UNREADABLE as err:
             raise RuntimeError(
-                f"the shards hold an unreadable copy of {sample['file']} or its mask ({err}); write them again "
-                "with src/shard.py"
+                f"the shards hold an unreadable copy of {bytes(sample['file']).decode()} or its mask ({err}); "
+                "write them again with src/shard.py"
             ) from err
         return self.transformed(image, mask)
 

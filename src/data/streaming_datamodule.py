@@ -20,8 +20,9 @@ from functools import cached_property, partial
 from typing import Any
 
 import lightning as L
+import torch
 from hydra.utils import get_class, instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 from torch.utils.data import DataLoader, default_collate
 
 from src.data.components.shards import SPLITS, check_chunks, litdata, read_facts, remote_options
@@ -41,9 +42,11 @@ def follow_the_shards(cfg: DictConfig) -> None:
         return
     facts = read_facts(str(data.input_dir))
     for key in FACT_KEYS:
-        given = OmegaConf.to_container(data[key]) if OmegaConf.is_config(data[key]) else data[key]
+        given = data.get(key)
+        given = OmegaConf.to_container(given) if OmegaConf.is_config(given) else given
         if given is None:
-            data[key] = facts[key]
+            with open_dict(data):  # a subclass's config may leave a key out
+                data[key] = facts[key]
         elif given != facts[key]:
             raise ValueError(
                 f"data.{key}={given} but the shards at data.input_dir={data.input_dir} have {facts[key]}; "
@@ -155,6 +158,7 @@ class StreamingDataModule(DataModule):
         hp = self.hparams
         distributed = self.trainer is not None and self.trainer.world_size > 1
         overfitting = self.trainer is not None and bool(self.trainer.overfit_batches)
+        seed = self._shuffle_seed() if train else 0
         dataset = streaming.StreamingDataset(
             f"{hp.input_dir}/{split}",
             cache_dir=hp.cache_dir,
@@ -162,7 +166,7 @@ class StreamingDataModule(DataModule):
             storage_options=remote_options(hp.input_dir),
             transform=self.decoders.get(split),
             shuffle=train and not overfitting,  # overfit_batches: the same batches every epoch
-            seed=self._shuffle_seed() if train else 0,
+            seed=seed,
             # Training under DDP: every rank the same number of batches, or the ranks' collectives hang;
             # litdata then drops the remainder. Validation and test see every sample.
             drop_last=(hp.drop_last or distributed) if train else False,
@@ -176,6 +180,10 @@ class StreamingDataModule(DataModule):
             pin_memory=hp.pin_memory,
             persistent_workers=hp.persistent_workers and workers > 0,
             prefetch_factor=hp.prefetch_factor if workers > 0 else None,
+            # A generator of its own, as DataModule's training loader has: starting to iterate then draws
+            # nothing from torch's global one, so a run resumed mid-epoch keeps the random numbers of dropout
+            # and augmentation where they were.
+            generator=torch.Generator().manual_seed(seed),
         )
 
     def train_dataloader(self) -> DataLoader:

@@ -95,9 +95,10 @@ class ImageDataset(Dataset):
 
     # part: streaming
     def to_shard(self, index: int) -> dict[str, Any]:
-        """Sample `index` as shards store it (src/shard.py): the image file's bytes, its label and its path."""
+        """Sample `index` as shards store it (src/shard.py): the image file's bytes, its label and its path (as
+        bytes: litdata would store a string that names an image file as that image, decoded)."""
         path, label = self.samples[index]
-        return {"image": Path(path).read_bytes(), "label": label, "file": str(path)}
+        return {"image": Path(path).read_bytes(), "label": label, "file": str(path).encode()}
 
     def from_shard(self, sample: dict[str, Any]) -> tuple[torch.Tensor, int]:
         """A stored sample (data=streaming) as the item its file gives: decoded, then transformed."""
@@ -105,8 +106,8 @@ class ImageDataset(Dataset):
             image = self.decode(io.BytesIO(sample["image"]))
         except UNREADABLE as err:
             raise RuntimeError(
-                f"the shards hold an unreadable copy of {sample['file']} ({err}); write them again with "
-                "src/shard.py"
+                f"the shards hold an unreadable copy of {bytes(sample['file']).decode()} ({err}); write them "
+                "again with src/shard.py"
             ) from err
         return self.transform(image), int(sample["label"])
 

@@ -65,6 +65,8 @@ def litdata() -> ModuleType:
         lambda record: "disabled the `drop_last` option" not in record.getMessage()
     )
     warnings.filterwarnings("ignore", r"Your `IterableDataset` has `__len__` defined")
+    # And torch's, that a tensor read from a chunk is a view of a read-only buffer: collate copies it into a batch.
+    warnings.filterwarnings("ignore", r"The given buffer is not writable", UserWarning)
     return litdata
 
 
