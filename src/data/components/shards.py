@@ -74,11 +74,13 @@ def is_url(location: str) -> bool:
     return "://" in location
 
 
-def remote_options(location: str, data: Any = None) -> dict[str, Any]:
-    """litdata's `storage_options` for shards at a URL (s3://, gs://); {} for a local folder.
+def remote_options(location: str, settings: Any = None) -> dict[str, Any]:
+    """litdata's `storage_options` for shards at a URL (s3://, gs://); {} for a local folder. `settings`: the
+    config that says how to reach it (data=streaming's data config; src/shard.py's run config).
 
     TODO(lead): wire src/data/components/object_store.py in here (storage options, credential and bucket
-    checks, credentials refused in configs); every read and write of a URL here takes its options from this call.
+    checks, credentials in a config refused), and into `Folder` for shards.json and the marker file at a URL.
+    litdata gets every URL as it is, with the options of this call.
     """
     return {}
 
@@ -210,7 +212,7 @@ def shard(cfg: DictConfig) -> None:
     datasets = {split: getattr(datamodule, f"data_{split}") for split in SPLITS}
     encoding = "files" if hasattr(unwrapped(datasets["train"], 0)[0], "to_shard") else "tensors"
     for split, dataset in datasets.items():
-        write_split(dataset, f"{output}/{split}", cfg, remote_options(output, cfg.data))
+        write_split(dataset, f"{output}/{split}", cfg, remote_options(output, cfg))
         log.info(f"Wrote the {len(dataset)} samples of {split} ({encoding}) to {output}/{split}")
     hparams = datamodule.hparams
     preprocessing = getattr(datamodule, "inference_preprocessing", None)
