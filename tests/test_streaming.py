@@ -118,6 +118,9 @@ def test_image_files_are_stored_as_their_bytes_and_read_back_as_the_source_reads
     assert held["data"]["_target_"].endswith("ImageFolderDataModule") and held["input_shape"] == [1, 28, 28]
     sample = stored(shards, "test")[0]
     assert bytes(sample["image"]) == Path(file_of(sample)).read_bytes()  # the file itself, not pixels
+    # The training samples are written shuffled (the label file lists them class by class, and litdata
+    # shuffles only within chunks): the first 32 of the shards hold most classes.
+    assert len({int(sample["label"]) for sample in stored(shards, "train")[:32]}) >= 6
 
     # The validation split read from the shards is the source's, sample for sample (its transforms are
     # deterministic): same files, same tensors.

@@ -22,6 +22,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import Dataset, Subset
@@ -205,14 +206,19 @@ def shard(cfg: DictConfig) -> None:
     folder = Folder(output, "output_dir")
     if not should_write(folder, source):
         return
-    folder.write_json(PARTIAL_FILE, {"data": source})  # before anything else: the folder is ours
     datamodule = instantiate(cfg.data, _convert_="all")
     datamodule.prepare_data()
     datamodule.setup("fit")  # every split, as a run of the source option would draw them
+    folder.write_json(PARTIAL_FILE, {"data": source})  # before the first shard: the folder is ours
     datasets = {split: getattr(datamodule, f"data_{split}") for split in SPLITS}
     encoding = "files" if hasattr(unwrapped(datasets["train"], 0)[0], "to_shard") else "tensors"
     for split, dataset in datasets.items():
-        write_split(dataset, f"{output}/{split}", cfg, remote_options(output, cfg))
+        # Training samples in a random order (`seed`): litdata shuffles chunks and the samples within each,
+        # never across the set, so shards written in the source's order (often class by class) would give
+        # batches of a few classes each. Validation and test keep the source's order.
+        order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(cfg.seed))
+        indices = order.tolist() if split == "train" else list(range(len(dataset)))
+        write_split(dataset, indices, f"{output}/{split}", cfg, remote_options(output, cfg))
         log.info(f"Wrote the {len(dataset)} samples of {split} ({encoding}) to {output}/{split}")
     hparams = datamodule.hparams
     preprocessing = getattr(datamodule, "inference_preprocessing", None)
@@ -279,10 +285,12 @@ def stored_sample(dataset: Dataset, index: int) -> Any:
     return dataset.to_shard(index) if hasattr(dataset, "to_shard") else dataset[index]
 
 
-def write_split(dataset: Dataset, output: str, cfg: DictConfig, options: dict[str, Any]) -> None:
+def write_split(
+    dataset: Dataset, indices: list[int], output: str, cfg: DictConfig, options: dict[str, Any]
+) -> None:
     litdata().optimize(
         fn=partial(stored_sample, dataset),
-        inputs=list(range(len(dataset))),
+        inputs=indices,
         output_dir=output,
         chunk_bytes=cfg.chunk_bytes,
         num_workers=max(1, min(cfg.num_workers, len(dataset))),
