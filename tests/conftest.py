@@ -7,7 +7,9 @@ import shutil
 import socket
 import subprocess
 import sys
+import time  # [part: streaming]
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass  # [part: streaming]
 from pathlib import Path
 
 import pytest
@@ -320,6 +322,86 @@ def digit_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
         pixels = (digits.images[i] * 255 / 16).astype(np.uint8)
         Image.fromarray(pixels).resize((24, 24)).save(folder / f"{i}_{digits.target[i]}.png")
     return folder
+
+
+# /part
+
+
+# part: streaming
+@dataclass
+class ObjectStore:
+    """A local S3-compatible server with a bucket. `env`: what a user of such a server (MinIO, say) sets, for
+    `env=` of run_cli; `denied_env`: the same for a user whose keys the server knows but who may not use the
+    bucket. `log`: the server's log, one line per request."""
+
+    endpoint: str
+    bucket: str
+    env: dict[str, str | None]
+    denied_env: dict[str, str | None]
+    log: Path
+
+
+@pytest.fixture(scope="session")
+def object_store(tmp_path_factory: pytest.TempPathFactory):
+    """moto's S3 server (the moto[server] package of the dev extra, standing in for S3 or MinIO) on 127.0.0.1,
+    checking credentials and permissions as S3 does. Its first 5 requests go unchecked: they create its two
+    users, one allowed everything, one nothing."""
+    import json
+
+    import boto3
+
+    port = free_port()
+    endpoint = f"http://127.0.0.1:{port}"
+    log = tmp_path_factory.mktemp("object_store") / "server.log"
+    with open(log, "w") as out:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+            env={**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "5"},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            assert server.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        region = "us-east-1"
+        iam = boto3.client("iam", endpoint_url=endpoint, region_name=region, aws_access_key_id="setup",
+                           aws_secret_access_key="setup")  # fmt: skip
+        keys = {}
+        for user, actions in (("shards", ["s3:*"]), ("denied", [])):
+            iam.create_user(UserName=user)
+            if actions:
+                policy = {
+                    "Version": "2012-10-17",
+                    "Statement": [{"Effect": "Allow", "Action": actions, "Resource": "*"}],
+                }
+                iam.put_user_policy(UserName=user, PolicyName="all", PolicyDocument=json.dumps(policy))
+            keys[user] = iam.create_access_key(UserName=user)["AccessKey"]
+        envs = {
+            user: {
+                "AWS_ENDPOINT_URL": endpoint,
+                "AWS_ACCESS_KEY_ID": key["AccessKeyId"],
+                "AWS_SECRET_ACCESS_KEY": key["SecretAccessKey"],
+                "AWS_DEFAULT_REGION": region,
+                # What else would choose other credentials or another endpoint, on a developer's machine
+                "AWS_PROFILE": None,
+                "AWS_SESSION_TOKEN": None,
+                "AWS_ENDPOINT_URL_S3": None,
+            }
+            for user, key in keys.items()
+        }
+        s3 = boto3.client("s3", endpoint_url=endpoint, region_name=region, aws_access_key_id=keys["shards"]["AccessKeyId"],
+                          aws_secret_access_key=keys["shards"]["SecretAccessKey"])  # fmt: skip
+        s3.create_bucket(Bucket="shards")
+        yield ObjectStore(endpoint, "shards", envs["shards"], envs["denied"], log)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
 
 
 # /part
