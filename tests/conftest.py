@@ -340,6 +340,18 @@ class ObjectStore:
     denied_env: dict[str, str | None]
     log: Path
 
+    def client(self):
+        """A boto3 S3 client of the allowed user, to look at what a command wrote."""
+        import boto3
+
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            region_name=self.env["AWS_DEFAULT_REGION"],
+            aws_access_key_id=self.env["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=self.env["AWS_SECRET_ACCESS_KEY"],
+        )
+
 
 @pytest.fixture(scope="session")
 def object_store(tmp_path_factory: pytest.TempPathFactory):
@@ -372,18 +384,17 @@ def object_store(tmp_path_factory: pytest.TempPathFactory):
         region = "us-east-1"
         iam = boto3.client("iam", endpoint_url=endpoint, region_name=region, aws_access_key_id="setup",
                            aws_secret_access_key="setup")  # fmt: skip
-        keys = {}
-        for user, actions in (("shards", ["s3:*"]), ("denied", [])):
-            iam.create_user(UserName=user)
-            if actions:
-                policy = {
-                    "Version": "2012-10-17",
-                    "Statement": [{"Effect": "Allow", "Action": actions, "Resource": "*"}],
-                }
-                iam.put_user_policy(UserName=user, PolicyName="all", PolicyDocument=json.dumps(policy))
-            keys[user] = iam.create_access_key(UserName=user)["AccessKey"]
-        envs = {
-            user: {
+        allow_s3 = {
+            "Version": "2012-10-17",
+            "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}],
+        }
+        iam.create_user(UserName="shards")
+        iam.put_user_policy(UserName="shards", PolicyName="s3", PolicyDocument=json.dumps(allow_s3))
+        iam.create_user(UserName="denied")
+        envs = {}
+        for user in ("shards", "denied"):
+            key = iam.create_access_key(UserName=user)["AccessKey"]
+            envs[user] = {
                 "AWS_ENDPOINT_URL": endpoint,
                 "AWS_ACCESS_KEY_ID": key["AccessKeyId"],
                 "AWS_SECRET_ACCESS_KEY": key["SecretAccessKey"],
@@ -393,12 +404,9 @@ def object_store(tmp_path_factory: pytest.TempPathFactory):
                 "AWS_SESSION_TOKEN": None,
                 "AWS_ENDPOINT_URL_S3": None,
             }
-            for user, key in keys.items()
-        }
-        s3 = boto3.client("s3", endpoint_url=endpoint, region_name=region, aws_access_key_id=keys["shards"]["AccessKeyId"],
-                          aws_secret_access_key=keys["shards"]["SecretAccessKey"])  # fmt: skip
-        s3.create_bucket(Bucket="shards")
-        yield ObjectStore(endpoint, "shards", envs["shards"], envs["denied"], log)
+        store = ObjectStore(endpoint, "shards", envs["shards"], envs["denied"], log)
+        store.client().create_bucket(Bucket=store.bucket)
+        yield store
     finally:
         server.terminate()
         server.wait(timeout=30)

@@ -80,6 +80,7 @@ def check_reachable(url: str, key: str, options: Mapping | None = None) -> None:
     `options` are the storage options beside `key` (data.input_dir: data.storage_options)."""
     scheme = urlparse(url).scheme
     options_key = f"{key.rpartition('.')[0]}.storage_options".lstrip(".")
+    options = storage_options(url, options, options_key)
     if scheme == "gs":
         check_gcs_client(url, key)
     if scheme != "s3":
@@ -92,7 +93,7 @@ def check_reachable(url: str, key: str, options: Mapping | None = None) -> None:
     if not bucket:
         raise ValueError(f"{key}={url} names no bucket; write s3://<bucket>/<prefix>")
     config = Config(connect_timeout=5, read_timeout=30, retries={"total_max_attempts": 2})
-    client = boto3.client("s3", config=config, **storage_options(url, options, options_key))
+    client = boto3.client("s3", config=config, **options)
     endpoint = client.meta.endpoint_url
     try:
         client.list_objects_v2(Bucket=bucket, Prefix=prefix, MaxKeys=1)
@@ -100,10 +101,7 @@ def check_reachable(url: str, key: str, options: Mapping | None = None) -> None:
         raise PermissionError(
             f"{key}={url}: no credentials found for {endpoint}; {AWS_CREDENTIALS}"
         ) from None
-    except (
-        exceptions.ConnectionError,
-        exceptions.HTTPClientError,
-    ) as error:  # refused, timed out, no such host
+    except (exceptions.ConnectionError, exceptions.HTTPClientError) as error:  # refused, timed out
         raise ConnectionError(
             f"{key}={url}: the endpoint {endpoint} does not answer ({type(error).__name__}); start the server, or "
             f"set the right one in AWS_ENDPOINT_URL or {options_key}.endpoint_url"
@@ -145,11 +143,11 @@ class Boto3Downloader(Downloader):
     server; with this downloader litdata uploads through boto3 too. One client for every endpoint, so the
     tests' server exercises the path a run on S3 takes."""
 
-    def __init__(self, remote_dir: str, cache_dir: str, chunks: list, storage_options=None, **kwargs) -> None:
-        super().__init__(remote_dir, cache_dir, chunks, storage_options)
-        self.s3 = S3Client(
-            storage_options=dict(storage_options or {}), session_options=kwargs.get("session_options")
-        )
+    def __init__(
+        self, remote_dir: str, cache_dir: str, chunks: list, options: dict | None = None, **kwargs: Any
+    ):
+        super().__init__(remote_dir, cache_dir, chunks, options)
+        self.s3 = S3Client(storage_options=dict(options or {}), session_options=kwargs.get("session_options"))
 
     def download_file(self, remote_filepath: str, local_filepath: str) -> None:
         """Fetch the file unless the cache has it; publish it whole (renamed into place), never half-written."""
