@@ -2,7 +2,6 @@
 them to s3://bucket/prefix and streams them back through its cache, with only the environment variables a
 user of MinIO sets; bad storage settings fail before any work with one line naming the key and the fix."""
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -208,7 +207,7 @@ def test_a_secret_in_a_config_is_refused_without_showing_it():
         assert (
             "AWS_ACCESS_KEY_ID" in message and "~/.aws/credentials" in message and "instance role" in message
         )
-        assert "GOOGLE_APPLICATION_CREDENTIALS" in message and "\n" not in message
+        assert "\n" not in message
         assert not any(secret in message for secret in ("AKIA1", "s3cr3t", "t0k", "=k", "=s"))
     refuse_credentials({"endpoint_url": "http://x", "region_name": "eu-west-1"}, "data.storage_options")
 
@@ -229,12 +228,8 @@ def test_storage_options_are_plain_checked_and_only_for_urls():
     ]  # fmt: skip
 
 
-def test_a_url_without_a_bucket_or_without_its_client_fails_naming_the_key():
+def test_a_url_without_a_bucket_fails_naming_the_key():
     with pytest.raises(
         ValueError, match=r"^data.input_dir=s3:///shards names no bucket; write s3://<bucket>/<prefix>$"
     ):
         check_reachable("s3:///shards", "data.input_dir")
-    if importlib.util.find_spec("google") is None or importlib.util.find_spec("google.cloud.storage") is None:
-        with pytest.raises(ModuleNotFoundError, match=r"^data.input_dir=gs://bucket/shards: gs:// needs the "
-                           r"google-cloud-storage package; pip install google-cloud-storage$"):  # fmt: skip
-            check_reachable("gs://bucket/shards", "data.input_dir")

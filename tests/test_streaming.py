@@ -19,7 +19,7 @@ from src.data.streaming_datamodule import StreamingDataModule  # [part: folders]
 from src.run.checkpoints import load_checkpoint
 from src.run.trained_run import TrainedRun, load_model  # [part: predict, folders]
 from tests import test_segmentation_folder as segmentation_folder  # [part: segmentation, folders]
-from tests.conftest import ROOT, built_once, only_run_dir, run_cli, start_cli
+from tests.conftest import ROOT, ObjectStore, built_once, only_run_dir, run_cli, start_cli
 
 WITH_TESTS = {"PYTHONPATH": str(ROOT)}  # so that Hydra finds the test callbacks below
 
@@ -426,3 +426,40 @@ def test_ddp_ranks_share_out_every_sample_once_and_the_run_knows_its_length(
     checkpoint = load_checkpoint(only_run_dir(tmp_path) / "checkpoints" / "last.ckpt")
     assert ranks[0]["planned_steps"] == ranks[1]["planned_steps"] == checkpoint["global_step"] == 2 * 20
     assert checkpoint["lr_schedulers"][0]["total_steps"] == 40  # [part: pretrained]
+
+
+@pytest.mark.slow
+def test_shards_in_object_storage_train_through_the_cache_and_bad_urls_fail_naming_the_key(
+    object_store: ObjectStore, tmp_path: Path, data_dir: Path
+):
+    """The same commands with output_dir and data.input_dir at an s3:// URL, the server reached as a user of
+    MinIO reaches it (AWS_ENDPOINT_URL and keys in the environment): shards written there, trained from through
+    data.cache_dir; a bucket that does not exist and a secret in the config fail in one line, naming the key."""
+    url = f"s3://{object_store.bucket}/digits"
+    shard_it = ["shard", "data=digits", f"output_dir={url}", "num_workers=2"]
+    written = run_cli(*shard_it, log_dir=tmp_path, data_dir=data_dir, env=object_store.env)
+    assert written.returncode == 0, written.stderr[-3000:]
+    stored = object_store.client().list_objects_v2(Bucket=object_store.bucket, Prefix="digits/")["Contents"]
+    assert {"digits/shards.json", "digits/train/index.json"} <= {entry["Key"] for entry in stored}
+    again = run_cli(*shard_it, log_dir=tmp_path, data_dir=data_dir, env=object_store.env)
+    assert again.returncode == 0 and "nothing to do" in again.stdout + again.stderr
+
+    cache = tmp_path / "cache"
+    overrides = ["data=streaming", f"data.input_dir={url}", f"data.cache_dir={cache}", "trainer.max_epochs=1"]
+    trained = run_cli("train", *overrides, log_dir=tmp_path, data_dir=data_dir, env=object_store.env)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    assert list(cache.rglob("*.bin")), "no chunk reached the cache"
+
+    missing = run_cli(
+        "train", "data=streaming", "data.input_dir=s3://no-such-bucket/digits",
+        log_dir=tmp_path, data_dir=data_dir, env=object_store.env,
+    )  # fmt: skip
+    assert missing.returncode == 1
+    assert "data.input_dir=s3://no-such-bucket/digits: there is no bucket no-such-bucket" in missing.stderr
+    secret = run_cli(
+        "train", *overrides, "+data.storage_options.aws_secret_access_key=hunter2",
+        log_dir=tmp_path, data_dir=data_dir, env=object_store.env,
+    )  # fmt: skip
+    error = next(line for line in secret.stderr.splitlines() if line.startswith("ValueError: "))
+    assert secret.returncode == 1 and "hunter2" not in error  # (Hydra itself echoes the command's overrides)
+    assert error.startswith("ValueError: data.storage_options.aws_secret_access_key: credentials are not")

@@ -40,7 +40,7 @@ def follow_the_shards(cfg: DictConfig) -> None:
     data = cfg.get("data")
     if not isinstance(data, DictConfig) or not _is_streaming(data.get("_target_")):
         return
-    facts = read_facts(str(data.input_dir))
+    facts = read_facts(str(data.input_dir), options=data.get("storage_options"))
     for key in FACT_KEYS:
         given = data.get(key)
         given = OmegaConf.to_container(given) if OmegaConf.is_config(given) else given
@@ -98,6 +98,7 @@ class StreamingDataModule(DataModule):
         class_names: Sequence[str] | None = None,
         input_shape: Sequence[int] | None = None,
         ignore_index: int | None = None,
+        storage_options: dict[str, Any] | None = None,
         cache_dir: str | None = None,
         max_cache_size: int | str = "100GB",
         augment: bool = True,
@@ -125,7 +126,7 @@ class StreamingDataModule(DataModule):
     @cached_property
     def facts(self) -> dict[str, Any]:
         """The shards' shards.json."""
-        return read_facts(self.hparams.input_dir)
+        return read_facts(self.hparams.input_dir, options=self.hparams.storage_options)
 
     def setup(self, stage: str | None = None) -> None:
         world_size = self.trainer.world_size if self.trainer is not None else 1
@@ -134,7 +135,7 @@ class StreamingDataModule(DataModule):
             return
         facts = self.facts
         for split in SPLITS:
-            check_chunks(self.hparams.input_dir, split, facts)
+            check_chunks(self.hparams.input_dir, split, facts, options=self.hparams.storage_options)
         for key in FACT_KEYS:  # built from a config without them (predict's, on a run's test split)
             if self.hparams[key] is None:
                 self.hparams[key] = facts[key]
@@ -165,7 +166,7 @@ class StreamingDataModule(DataModule):
             f"{hp.input_dir}/{split}",
             cache_dir=hp.cache_dir,
             max_cache_size=hp.max_cache_size,
-            storage_options=remote_options(hp.input_dir, hp),
+            storage_options=remote_options(hp.input_dir, hp.storage_options, "data.storage_options"),
             transform=self.decoders.get(split),
             shuffle=train and not overfitting,  # overfit_batches: the same batches every epoch
             seed=seed,

@@ -1,4 +1,4 @@
-"""Shards in object storage (s3://, gs://): which URLs are remote, the client options litdata needs, credentials
+"""Shards in object storage (s3://: AWS, or any S3-compatible store): which URLs are remote, the client options litdata needs, credentials
 kept out of configs, and a reachability check that fails before sharding or training starts.
 
 litdata reaches S3 through boto3, so an S3-compatible server (MinIO, or moto in the tests) is reached the way
@@ -10,6 +10,7 @@ litdata starts with `spawn` does the same only if it imports this module: the mo
 and of the dataset's transform import it.
 """
 
+import logging
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -18,6 +19,9 @@ from urllib.parse import urlparse
 from litdata.streaming.client import S3Client
 from litdata.streaming.downloader import Downloader, register_downloader
 from omegaconf import DictConfig, OmegaConf
+
+# botocore logs at INFO where each client found its endpoint: noise in every run's log.
+logging.getLogger("botocore").setLevel(logging.WARNING)
 
 # The URL schemes litdata reads shards from (writing: s3, gs and r2).
 REMOTE_SCHEMES = ("s3", "gs", "r2", "azure", "hf")
@@ -46,7 +50,7 @@ def refuse_credentials(options: Mapping | None, key: str) -> None:
         ):
             raise ValueError(
                 f"{key}.{name}: credentials are not accepted in a config (configs are logged); remove it and "
-                f"{AWS_CREDENTIALS}; for gs://, set GOOGLE_APPLICATION_CREDENTIALS"
+                f"{AWS_CREDENTIALS}"
             )
         listed = isinstance(value, Sequence) and not isinstance(value, str | bytes)
         for index, item in enumerate(value if listed else [value]):
@@ -81,8 +85,6 @@ def check_reachable(url: str, key: str, options: Mapping | None = None) -> None:
     scheme = urlparse(url).scheme
     options_key = f"{key.rpartition('.')[0]}.storage_options".lstrip(".")
     options = storage_options(url, options, options_key)
-    if scheme == "gs":
-        check_gcs_client(url, key)
     if scheme != "s3":
         return
     import boto3
@@ -124,16 +126,6 @@ def check_reachable(url: str, key: str, options: Mapping | None = None) -> None:
             ) from None
         message = " ".join(str(error).split())
         raise ValueError(f"{key}={url}: {endpoint} answered {message}") from None
-
-
-def check_gcs_client(url: str, key: str) -> None:
-    """litdata reads and writes gs:// through google-cloud-storage, which the streaming extra does not install."""
-    try:
-        from google.cloud import storage  # noqa: F401
-    except ImportError:
-        raise ModuleNotFoundError(
-            f"{key}={url}: gs:// needs the google-cloud-storage package; pip install google-cloud-storage"
-        ) from None
 
 
 class Boto3Downloader(Downloader):

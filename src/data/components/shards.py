@@ -17,10 +17,12 @@ import logging
 import shutil
 import sys
 import warnings
+from collections.abc import Iterator
 from functools import cache, partial
 from pathlib import Path
 from types import ModuleType
 from typing import Any
+from urllib.parse import urlparse
 
 import torch
 from hydra.utils import instantiate
@@ -68,33 +70,41 @@ def litdata() -> ModuleType:
     warnings.filterwarnings("ignore", r"Your `IterableDataset` has `__len__` defined")
     # And torch's, that a tensor read from a chunk is a view of a read-only buffer: collate copies it into a batch.
     warnings.filterwarnings("ignore", r"The given buffer is not writable", UserWarning)
+    import src.data.components.object_store  # noqa: F401 - litdata then moves s3:// files with boto3 (see there)
+
     return litdata
 
 
-def is_url(location: str) -> bool:
-    return "://" in location
+def remote_options(location: str, options: Any, key: str) -> dict[str, Any]:
+    """litdata's `storage_options` for shards at `location`, from the config's `options` (at `key`): {} for a
+    local folder; for a URL, checked (no secrets in a config, only options its client takes)."""
+    from src.data.components.object_store import storage_options
+
+    return storage_options(location, options, key)
 
 
-def remote_options(location: str, settings: Any = None) -> dict[str, Any]:
-    """litdata's `storage_options` for shards at a URL (s3://, gs://); {} for a local folder. `settings`: the
-    config that says how to reach it (data=streaming's data config; src/shard.py's run config).
+def open_folder(location: str, key: str, options: dict[str, Any] | None = None) -> "Folder":
+    """The shards' folder at `location` (a local path, or an s3:// URL reached with the storage `options`):
+    checked reachable first for a URL, so a missing bucket or credentials fail here in one line, not in litdata's
+    retries. `key` is the config key that names it, for error messages."""
+    from src.data.components.object_store import check_reachable, is_remote
 
-    TODO(lead): wire src/data/components/object_store.py in here (storage options, credential and bucket
-    checks, credentials in a config refused), and into `Folder` for shards.json and the marker file at a URL.
-    litdata gets every URL as it is, with the options of this call.
-    """
-    return {}
+    if not is_remote(location):
+        return Folder(location, key)
+    if not location.startswith("s3://"):
+        raise ValueError(
+            f"{key}={location}: shards in object storage are read and written at s3:// URLs (AWS, or any "
+            "S3-compatible store: Google Cloud Storage, MinIO, R2, through AWS_ENDPOINT_URL); see docs/streaming.md"
+        )
+    check_reachable(location, key, options)
+    return BucketFolder(location, key, options or {})
 
 
 class Folder:
-    """The few file operations the format needs, on a local folder. (A URL's: TODO(lead), object_store.py.)"""
+    """The few file operations the format needs, on a local folder."""
 
     def __init__(self, location: str, key: str) -> None:
-        if is_url(location):
-            raise NotImplementedError(
-                f"{key}={location}: shards in object storage need src/data/components/object_store.py"
-            )
-        self.path = Path(location)
+        self.location, self.path = location, Path(location)
         self.key = key  # the config key that names the folder, for error messages
 
     def exists(self) -> bool:
@@ -103,17 +113,9 @@ class Folder:
     def names(self) -> list[str]:
         return sorted(entry.name for entry in self.path.iterdir()) if self.exists() else []
 
-    def read_json(self, name: str) -> Any:
-        """The JSON file `name`, or None when there is none; an error naming it when it does not parse."""
+    def read_text(self, name: str) -> str | None:
         path = self.path / name
-        if not path.is_file():
-            return None
-        try:
-            return json.loads(path.read_text())
-        except json.JSONDecodeError as err:
-            raise ValueError(
-                f"{self.key}={self.path}: {name} is damaged ({err}); write the shards again with src/shard.py"
-            ) from err
+        return path.read_text() if path.is_file() else None
 
     def write_json(self, name: str, content: Any) -> None:
         """Written whole, then renamed into place: a reader never finds half a file."""
@@ -133,14 +135,83 @@ class Folder:
         path = self.path / name
         return path.stat().st_size if path.is_file() else None
 
+    def read_json(self, name: str) -> Any:
+        """The JSON file `name`, or None when there is none; an error naming it when it does not parse."""
+        text = self.read_text(name)
+        if text is None:
+            return None
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ValueError(
+                f"{self.key}={self.location}: {name} is damaged ({err}); write the shards again with src/shard.py"
+            ) from err
+
+
+class BucketFolder(Folder):
+    """The same operations on an s3:// prefix, with boto3 (an object is written whole, or not at all)."""
+
+    def __init__(self, location: str, key: str, options: dict[str, Any]) -> None:
+        import boto3
+
+        self.location, self.key = location, key
+        url = urlparse(location)
+        self.bucket, self.prefix = url.netloc, url.path.strip("/")
+        self.client = boto3.client("s3", **options)
+
+    def object_key(self, name: str) -> str:
+        return f"{self.prefix}/{name}" if self.prefix else name
+
+    def listed(self, name: str = "", delimiter: str = "") -> Iterator[dict[str, Any]]:
+        """The pages of objects under `name` (everything under the prefix when empty)."""
+        under = self.object_key(name).rstrip("/") + "/" if (self.prefix or name) else ""
+        pages = self.client.get_paginator("list_objects_v2")
+        yield from pages.paginate(Bucket=self.bucket, Prefix=under, Delimiter=delimiter)
+
+    def exists(self) -> bool:
+        return bool(self.names())  # object storage has no folders: a prefix exists when something is under it
+
+    def names(self) -> list[str]:
+        found = set()
+        for page in self.listed(delimiter="/"):
+            found |= {
+                entry["Prefix"].rstrip("/").rsplit("/", 1)[-1] for entry in page.get("CommonPrefixes", [])
+            }
+            found |= {entry["Key"].rsplit("/", 1)[-1] for entry in page.get("Contents", [])}
+        return sorted(found)
+
+    def read_text(self, name: str) -> str | None:
+        try:
+            body = self.client.get_object(Bucket=self.bucket, Key=self.object_key(name))["Body"]
+        except self.client.exceptions.NoSuchKey:
+            return None
+        return body.read().decode()
+
+    def write_json(self, name: str, content: Any) -> None:
+        body = (json.dumps(content, indent=1) + "\n").encode()
+        self.client.put_object(Bucket=self.bucket, Key=self.object_key(name), Body=body)
+
+    def remove(self, name: str) -> None:
+        self.client.delete_object(Bucket=self.bucket, Key=self.object_key(name))
+        for page in self.listed(name):
+            for entry in page.get("Contents", []):
+                self.client.delete_object(Bucket=self.bucket, Key=entry["Key"])
+
+    def size(self, name: str) -> int | None:
+        for page in self.listed(name.rsplit("/", 1)[0] if "/" in name else ""):
+            for entry in page.get("Contents", []):
+                if entry["Key"] == self.object_key(name):
+                    return entry["Size"]
+        return None
+
 
 # --- reading (data=streaming) ---
 
 
-def read_facts(location: str, key: str = "data.input_dir") -> dict[str, Any]:
+def read_facts(location: str, key: str = "data.input_dir", options: Any = None) -> dict[str, Any]:
     """What the finished shards at `location` hold (their shards.json); an error naming `key` and the fix when
-    there are none, or they are not finished."""
-    folder = Folder(location, key)
+    there are none, or they are not finished. `options`: litdata's storage options for a URL."""
+    folder = open_folder(location, key, remote_options(location, options, "data.storage_options"))
     write = f"python src/shard.py data=<option> output_dir={location}"
     if not folder.exists():
         raise FileNotFoundError(f"{key}={location} does not exist; write shards there first: {write}")
@@ -166,10 +237,14 @@ def read_facts(location: str, key: str = "data.input_dir") -> dict[str, Any]:
     return facts
 
 
-def check_chunks(location: str, split: str, facts: dict[str, Any], key: str = "data.input_dir") -> None:
+def check_chunks(
+    location: str, split: str, facts: dict[str, Any], key: str = "data.input_dir", options: Any = None
+) -> None:
     """An error naming the damaged file when a split's index or a chunk file is missing or not the size its
     index says (a copy that stopped halfway, a truncated download), before any batch is read."""
-    folder = Folder(f"{location}/{split}", key)
+    folder = open_folder(
+        f"{location}/{split}", key, remote_options(location, options, "data.storage_options")
+    )
     again = f"copy the shards again, or write them again with src/shard.py (output_dir={location})"
     index = folder.read_json("index.json")
     if index is None:
@@ -201,9 +276,10 @@ def shard(cfg: DictConfig) -> None:
     (files or tensors); `samples`, the sample count of each split.
     """
     prepare(cfg)  # checks, extras, seed and the data keys that follow the net's weights, as a run does
-    output = str(cfg.output_dir)
+    output = str(cfg.output_dir).rstrip("/")
     source = OmegaConf.to_container(cfg.data, resolve=True)
-    folder = Folder(output, "output_dir")
+    options = remote_options(output, cfg.get("storage_options"), "storage_options")
+    folder = open_folder(output, "output_dir", options)
     if not should_write(folder, source):
         return
     datamodule = instantiate(cfg.data, _convert_="all")
@@ -218,7 +294,7 @@ def shard(cfg: DictConfig) -> None:
         # batches of a few classes each. Validation and test keep the source's order.
         order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(cfg.seed))
         indices = order.tolist() if split == "train" else list(range(len(dataset)))
-        write_split(dataset, indices, f"{output}/{split}", cfg, remote_options(output, cfg))
+        write_split(dataset, indices, f"{output}/{split}", cfg, options)
         log.info(f"Wrote the {len(dataset)} samples of {split} ({encoding}) to {output}/{split}")
     hparams = datamodule.hparams
     preprocessing = getattr(datamodule, "inference_preprocessing", None)
@@ -244,7 +320,7 @@ def shard(cfg: DictConfig) -> None:
 def should_write(folder: Folder, source: dict[str, Any]) -> bool:
     """False when the folder holds finished shards of this source config; True when it is empty, new, or this
     command's half-written output (cleared here); an error when it holds anything else."""
-    where = f"output_dir={folder.path}"
+    where = f"output_dir={folder.location}"
     facts = folder.read_json(FACTS_FILE)
     if facts is not None:
         changes = config_changes(without_loader_keys(facts.get("data")), without_loader_keys(source))
