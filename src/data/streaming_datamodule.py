@@ -82,7 +82,7 @@ class InLoaderOrder:
 
 
 class StreamingDataModule(DataModule):
-    """The splits of the shards at `input_dir` (a folder, or an s3:// or gs:// URL). Every argument is
+    """The splits of the shards at `input_dir` (a folder, or an s3:// URL). Every argument is
     documented in configs/data/streaming.yaml; `task`, `num_classes`, `class_names`, `input_shape` and
     `ignore_index` come from the shards (`follow_the_shards` fills them in before a run; null ones are read at
     setup)."""
