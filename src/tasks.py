@@ -11,6 +11,7 @@ from omegaconf import DictConfig
 from src.data.streaming_datamodule import follow_the_shards  # [part: streaming]
 from src.run.builder import build
 from src.run.checkpoints import check_checkpoint, check_fits
+from src.run.preprocessing import follow_the_weights  # [part: folders]
 from src.run.resume import plan_resume
 from src.run.trained_run import locate, with_run_config, with_run_precision
 
@@ -20,6 +21,7 @@ log = logging.getLogger(__name__)
 def train(cfg: DictConfig) -> dict[str, float]:
     """Fit the model (continuing a named run where it stopped), then test the best checkpoint."""
     follow_the_shards(cfg)  # data=streaming: its classes, as the run record has them  [part: streaming]
+    follow_the_weights(cfg)  # the data keys left null, as the run record has them  [part: folders]
     resume = plan_resume(cfg)  # before anything heavy: a run that may not continue fails in a second
     ckpt_path = cfg.get("ckpt_path") or (str(resume.checkpoint) if resume and resume.checkpoint else None)
     if ckpt_path is not None:

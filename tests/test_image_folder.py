@@ -387,6 +387,23 @@ def test_an_unreadable_image_fails_the_run_before_training_in_one_line(tmp_path:
     assert not (only_run_dir(tmp_path / "logs") / "checkpoints").exists()  # nothing was trained or saved
 
 
+def test_a_named_run_killed_mid_epoch_continues_with_the_same_command(tmp_path: Path, data_dir: Path):
+    """data.interpolation (and mean, std) left null follow the net: the same command, filled the same way
+    before the resume check, is the same config (it was refused as another one)."""
+    labels = write_label_folder(tmp_path / "images", ["cat", "dog"] * 8)
+    command = [
+        "train", "data=image_folder", f"data.image_dir={tmp_path / 'images'}", f"data.label_file={labels}",
+        "data.num_classes=2", "data.input_shape=[3,16,16]", "data.batch_size=4", "model/net=mlp",
+        "trainer.max_epochs=3", "run_name=folder", "+callbacks.kill._target_=tests.helpers.KillAtStep",
+    ]  # fmt: skip
+    env = {"PYTHONPATH": str(ROOT)}  # Hydra finds the test callback
+    killed = run_cli(*command, log_dir=tmp_path / "logs", data_dir=data_dir, env={**env, "KILL_AT_STEP": "5"})
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    resumed = run_cli(*command, log_dir=tmp_path / "logs", data_dir=data_dir, env=env)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "Resuming run folder" in resumed.stdout + resumed.stderr
+
+
 def test_the_image_check_is_cached_and_a_changed_image_is_checked_again(image_folder, tmp_path: Path, caplog):
     labels = write_label_folder(tmp_path, ["a", "b"] * 4)
     common = [f"data.label_file={labels}", "data.num_classes=2", "data.split=[6,1,1]"]
