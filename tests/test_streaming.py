@@ -341,23 +341,34 @@ def summary(log_dir: Path) -> list[dict[str, str]]:
 
 # --- exact resume, DDP, the run's length ---
 
-# The digit shards with the MLP, 21 steps an epoch, every random choice seeded and deterministic.
+# The digit shards with the MLP, 21 steps an epoch (20 a rank on 2 ranks), every random choice seeded and
+# deterministic.
 EXACT = ["data=streaming", "model/net=mlp", "trainer.max_epochs=2", "trainer.deterministic=true"]
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("ranks", [1, 2], ids=["1-rank", "2-ranks"])
 def test_a_run_killed_mid_epoch_resumes_to_the_same_weights(
-    digit_shards: Path, tmp_path: Path, data_dir: Path
+    digit_shards: Path, tmp_path: Path, data_dir: Path, ranks: int
 ):
-    common = [*EXACT, f"data.input_dir={digit_shards}", "callbacks.last_checkpoint.every_n_train_steps=5"]
-    common += ["+callbacks.kill._target_=tests.helpers.KillAtStep"]
+    """Killed 7 (8 on 2 ranks) steps into epoch 1, 3 after the checkpoint of step 25, and run again: each rank
+    is given the rest of the epoch the uninterrupted run's rank had (on 2 ranks the checkpoint holds rank 0's
+    loader state alone), and the weights end the same."""
+    common = [*EXACT, f"data.input_dir={digit_shards}", *(["trainer=ddp_sim"] if ranks == 2 else [])]
+    common += [
+        "callbacks.last_checkpoint.every_n_train_steps=5",
+        "+callbacks.kill._target_=tests.helpers.KillAtStep",
+        "+callbacks.record._target_=tests.test_streaming.RecordSamples",
+        "+callbacks.record.folder=${paths.output_dir}/samples",
+        "+callbacks.record.epoch=1",
+    ]
     straight = start_cli(
         "train", *common, "run_name=straight", log_dir=tmp_path, data_dir=data_dir, output=tmp_path / "s.out",
         env=WITH_TESTS,
     )  # fmt: skip
     killed = start_cli(
         "train", *common, "run_name=killed", log_dir=tmp_path, data_dir=data_dir, output=tmp_path / "k.out",
-        env=WITH_TESTS | {"KILL_AT_STEP": "28"},  # 7 steps into epoch 1, 3 after the checkpoint of step 25
+        env=WITH_TESTS | {"KILL_AT_STEP": "28"},
     )  # fmt: skip
     assert killed.wait(timeout=300) != 0 and straight.wait(timeout=300) == 0
     run_dir = tmp_path / "train" / "runs" / "killed"
@@ -368,27 +379,38 @@ def test_a_run_killed_mid_epoch_resumes_to_the_same_weights(
     )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "Resuming run killed (stopped running)" in resumed.stdout + resumed.stderr
+    if ranks == 2:
+        assert "GLOBAL_RANK: 1, MEMBER: 2/2" in resumed.stdout + resumed.stderr
+    straight_dir = tmp_path / "train" / "runs" / "straight"
+    done = 25 - (21 if ranks == 1 else 20)  # the steps of epoch 1 before the checkpoint
+    for rank in range(ranks):
+        after = json.loads((run_dir / "samples" / f"rank{rank}.json").read_text())["seen"]
+        whole = json.loads((straight_dir / "samples" / f"rank{rank}.json").read_text())["seen"]
+        assert len(after) == len(whole) - done * 64 // ranks  # data.batch_size=64, split across ranks
+        assert after == whole[-len(after) :], f"rank {rank} resumed elsewhere in its epoch"
     a = load_checkpoint(run_dir / "checkpoints" / "last.ckpt")["state_dict"]
-    b = load_checkpoint(tmp_path / "train" / "runs" / "straight" / "checkpoints" / "last.ckpt")["state_dict"]
+    b = load_checkpoint(straight_dir / "checkpoints" / "last.ckpt")["state_dict"]
     assert all(torch.equal(a[name], b[name]) for name in b)
 
 
 class RecordSamples(L.Callback):
-    """Writes `<folder>/rank<global rank>.json` after the first epoch: a digest of every training sample this
-    rank was given, and the optimizer steps the run planned (`estimated_stepping_batches`)."""
+    """Writes `<folder>/rank<global rank>.json` at the end of epoch `epoch`: a digest of every training sample
+    this rank was given in it (from where a resumed run started), and the optimizer steps the run planned
+    (`estimated_stepping_batches`)."""
 
-    def __init__(self, folder: str) -> None:
+    def __init__(self, folder: str, epoch: int = 0) -> None:
         self.folder = Path(folder)
+        self.epoch = epoch
         self.seen: list[str] = []
 
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int
     ) -> None:
-        if trainer.current_epoch == 0:
+        if trainer.current_epoch == self.epoch:
             self.seen += [digest(image) for image in batch[0]]
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.current_epoch == 0:
+        if trainer.current_epoch == self.epoch:
             record = {"seen": self.seen, "planned_steps": trainer.estimated_stepping_batches}
             self.folder.mkdir(parents=True, exist_ok=True)
             (self.folder / f"rank{trainer.global_rank}.json").write_text(json.dumps(record))

@@ -175,6 +175,9 @@ class StreamingDataModule(DataModule):
             drop_last=(hp.drop_last or distributed) if train else False,
         )
         workers = hp.num_workers
+        # Its state, saved in checkpoints, is rank 0's alone under DDP, and every rank loads it. That is enough:
+        # the state counts the samples this rank had this epoch (the same on every rank: each gets as many full
+        # batches) and each rank finds its own share from its rank, so it puts every rank back in its own place.
         return streaming.StreamingDataLoader(
             dataset,
             batch_size=self.batch_size_per_device,
