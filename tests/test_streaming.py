@@ -12,10 +12,13 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
+from hydra.utils import instantiate  # [part: folders]
+from PIL import Image  # [part: predict, folders]
 
 from src.data.components.example_images import make_example_images  # [part: folders]
 from src.data.components.shards import FACTS_FILE, PARTIAL_FILE, litdata
 from src.data.streaming_datamodule import StreamingDataModule  # [part: folders]
+from src.inference import export_formats  # [part: predict, folders]
 from src.run.checkpoints import load_checkpoint
 from src.run.trained_run import TrainedRun, load_model  # [part: predict, folders]
 from tests import test_segmentation_folder as segmentation_folder  # [part: segmentation, folders]
@@ -109,8 +112,6 @@ def image_run(tmp_path_factory: pytest.TempPathFactory, data_dir: Path, image_sh
 def test_image_files_are_stored_as_their_bytes_and_read_back_as_the_source_reads_them(
     image_shards: Path, image_run: Path
 ):
-    from hydra.utils import instantiate
-
     shards = image_shards / "shards"
     held = facts(shards)
     assert held["encoding"] == "files" and held["task"] == "classification" and held["num_classes"] == 10
@@ -188,6 +189,37 @@ def test_a_model_trained_from_shards_predicts_on_the_source_images_as_on_the_sha
     record = json.loads((only_run_dir(tmp_path / "split", "predict") / "run.json").read_text())
     trained = json.loads((image_run / "run.json").read_text())["final_metrics"]["test/acc"]
     assert record["final_metrics"]["predict/acc"] == pytest.approx(trained, abs=1e-6)
+
+
+@pytest.mark.slow
+def test_a_model_trained_from_shards_exports_an_artifact_that_answers_the_source_images_as_the_model(
+    image_shards: Path, image_run: Path, tmp_path: Path, data_dir: Path
+):
+    artifact = tmp_path / "model.onnx"
+    exported = run_cli(
+        "export", f"run_dir={image_run}", f"output={artifact}", log_dir=tmp_path, data_dir=data_dir
+    )
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    # Checked by the command itself on the run's test split: from the shards.
+    assert "Parity check passed" in exported.stdout + exported.stderr
+    about = json.loads(artifact.with_name(artifact.name + ".json").read_text())
+    assert about["input"]["shape"] == ["batch", 1, 28, 28] and about["input"]["image_mode"] == "L"
+    assert about["class_names"] == facts(image_shards / "shards")["class_names"]
+
+    # The artifact on the source's image files, read and preprocessed as its .json says (as a deployment does,
+    # docs/predict-and-export.md), gives the model's outputs on the same test images as the shards hold them.
+    preprocess = instantiate(about["input"]["preprocessing"])
+    samples = stored(image_shards / "shards", "test")
+    files = torch.stack(
+        [preprocess(Image.open(file_of(sample)).convert(about["input"]["image_mode"])) for sample in samples]
+    )
+    streaming = StreamingDataModule(str(image_shards / "shards"))
+    streaming.setup("test")
+    shards = torch.stack([streaming.decoders["test"](sample)[0] for sample in samples])
+    model = load_model(TrainedRun(image_run / "checkpoints" / "best.ckpt", None))
+    run = export_formats.FORMATS["onnx"].load(artifact, about["net"])
+    with torch.no_grad():
+        assert torch.allclose(run(files), model(shards), atol=1e-5)
 
 
 # /part
