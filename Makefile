@@ -69,9 +69,14 @@ test-parts: install-test  ## the template's generation matrix: a project with ea
 	$(PY) -m pytest -n 2 --matrix -m matrix tests/test_parts.py
 
 # /part
+# part: streaming, folders
+# scripts/benchmark_streaming.py reads shards (the streaming extra) from moto's S3 server (a dev tool).
+bench: install-test
+# /part
 bench: install  ## the code the project owns (scripts/count_lines.py), then its speed against hand-written loops (a few minutes)
 	$(PY) scripts/count_lines.py
 	$(PY) scripts/benchmark.py
+	$(PY) scripts/benchmark_streaming.py  # [part: streaming, folders]
 
 lint: install-test  ## check style with ruff
 	$(VENV)/bin/ruff check src tests scripts hydra_plugins

@@ -6,8 +6,12 @@ import csv
 import hashlib
 import json
 import shutil
+import socket  # [part: folders]
+import subprocess  # [part: folders]
+import sys  # [part: folders]
 from collections import Counter
 from pathlib import Path
+from urllib.parse import urlparse  # [part: folders]
 
 import lightning as L
 import pytest
@@ -517,3 +521,30 @@ def test_shards_in_object_storage_train_through_the_cache_and_bad_urls_fail_nami
     error = next(line for line in secret.stderr.splitlines() if line.startswith("ValueError: "))
     assert secret.returncode == 1 and "hunter2" not in error  # (Hydra itself echoes the command's overrides)
     assert error.startswith("ValueError: data.storage_options.aws_secret_access_key: credentials are not")
+
+
+# part: folders
+@pytest.mark.slow
+def test_the_streaming_benchmark_runs_in_tiny_mode_and_stops_its_s3_server(tmp_path: Path):
+    """scripts/benchmark_streaming.py (make bench) end to end on 300 digits: every figure, the first epoch from
+    the S3 server fetching the chunks and the second reading them from the cache, and the server gone after.
+    Speed itself is never asserted: the script prints ratios measured in one run."""
+    output = tmp_path / "bench.json"
+    command = [sys.executable, "scripts/benchmark_streaming.py", "--tiny", "--output", str(output)]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Training loader alone" in result.stdout and str(output) in result.stdout
+
+    figures = json.loads(output.read_text())
+    settings, rates = figures["settings"], figures["samples_per_sec"]
+    assert settings["tiny"] and settings["train_samples"] == 216 and settings["train_chunks"] > 1
+    assert set(rates) == {"folder", "shards", "s3_first_epoch", "s3_second_epoch"}
+    assert all(rate > 0 for rate in rates.values())
+    assert figures["shards_over_folder"] == pytest.approx(rates["shards"] / rates["folder"])
+    downloads = figures["chunk_downloads"]
+    assert downloads["s3_first_epoch"][0] >= settings["train_chunks"] and downloads["s3_second_epoch"] == [0]
+    with pytest.raises(ConnectionRefusedError):  # the server was stopped
+        socket.create_connection(("127.0.0.1", urlparse(settings["s3_endpoint"]).port), timeout=5)
+
+
+# /part
