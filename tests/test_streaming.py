@@ -538,7 +538,14 @@ def test_the_streaming_benchmark_runs_in_tiny_mode_and_stops_its_s3_server(tmp_p
     figures = json.loads(output.read_text())
     settings, rates = figures["settings"], figures["samples_per_sec"]
     assert settings["tiny"] and settings["train_samples"] == 216 and settings["train_chunks"] > 1
-    assert set(rates) == {"folder", "shards", "s3_first_epoch", "s3_second_epoch"}
+    assert set(rates) == {
+        "folder",
+        "shards",
+        "s3_first_epoch",
+        "s3_second_epoch",
+        "s3_raw_first",
+        "s3_raw_second",
+    }
     assert all(rate > 0 for rate in rates.values())
     assert figures["shards_over_folder"] == pytest.approx(rates["shards"] / rates["folder"])
     downloads = figures["chunk_downloads"]
