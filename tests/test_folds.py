@@ -153,6 +153,14 @@ def test_every_data_option_takes_a_fold(compose_cfg, option: str):
     """What each job of `-m data.num_folds=3 data.fold='range(0,3)'` composes."""
     cfg = compose_cfg("train", [f"data={option}", "data.num_folds=3", "data.fold=2"])
     assert (cfg.data.num_folds, cfg.data.fold) == (3, 2)
+    # part: streaming
+    if option == "streaming":  # its shards hold one split: it names how to shard each fold instead
+        with pytest.raises(
+            InstantiationException, match=r"data.num_folds=3: data=streaming trains on the splits"
+        ):
+            instantiate(cfg.data, _convert_="all")
+        return
+    # /part
     instantiate(cfg.data, _convert_="all")
 
 

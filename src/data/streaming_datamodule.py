@@ -101,6 +101,8 @@ class StreamingDataModule(DataModule):
         storage_options: dict[str, Any] | None = None,
         cache_dir: str | None = None,
         max_cache_size: int | str = "100GB",
+        num_folds: int | None = None,
+        fold: int = 0,
         augment: bool = True,
         batch_size: int = 64,
         num_workers: int = 0,
@@ -109,6 +111,12 @@ class StreamingDataModule(DataModule):
         prefetch_factor: int | None = None,
         drop_last: bool = False,
     ) -> None:
+        if num_folds is not None:  # the shards hold one split: their folds are the shard command's
+            raise ValueError(
+                f"data.num_folds={num_folds}: data=streaming trains on the splits its shards hold; write one set "
+                f"of shards per fold instead (python src/shard.py data=<option> data.num_folds={num_folds} "
+                "data.fold=<i> output_dir=<dir>/fold<i>) and leave data.num_folds=null here"
+            )
         super().__init__(
             input_shape=input_shape,
             augment=augment,
