@@ -24,7 +24,7 @@ PROJECT_README = "scripts/project_readme.md"
 # The first line of the template's own README: while README.md starts with it, it is replaced.
 TEMPLATE_README_TITLE = "# Lightning + Hydra project template\n"
 DEFAULT_DESCRIPTION = "Image classification with PyTorch Lightning and Hydra."
-TASKS = ["train", "eval", "predict", "export", "report", "serve"]  # installed as <package>-<task>
+TASKS = ["train", "eval", "predict", "export", "report", "serve", "shard"]  # installed as <package>-<task>
 LOGGERS = ["csv", "tensorboard", "wandb", "mlflow"]
 PYTHONS = ["3.11", "3.12", "3.13"]  # oldest first: the CI matrix tests from the chosen one up
 # The template maintainers' notes (performance measurements, design): not a generated project's.
