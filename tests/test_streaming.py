@@ -504,7 +504,10 @@ def test_shards_in_object_storage_train_through_the_cache_and_bad_urls_fail_nami
 
     cache = tmp_path / "cache"
     overrides = ["data=streaming", f"data.input_dir={url}", f"data.cache_dir={cache}", "trainer.max_epochs=1"]
-    trained = run_cli("train", *overrides, log_dir=tmp_path, data_dir=data_dir, env=object_store.env)
+    # The endpoint from the config this time, not from AWS_ENDPOINT_URL
+    endpoint = [f"+data.storage_options.endpoint_url={object_store.endpoint}"]
+    env = {**object_store.env, "AWS_ENDPOINT_URL": None}
+    trained = run_cli("train", *overrides, *endpoint, log_dir=tmp_path, data_dir=data_dir, env=env)
     assert trained.returncode == 0, trained.stderr[-3000:]
     assert list(cache.rglob("*.bin")), "no chunk reached the cache"
 
