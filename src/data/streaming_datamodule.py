@@ -102,31 +102,16 @@ class StreamingDataModule(DataModule):
         cache_dir: str | None = None,
         max_cache_size: int | str = "100GB",
         num_folds: int | None = None,
-        fold: int = 0,
-        augment: bool = True,
-        batch_size: int = 64,
-        num_workers: int = 0,
-        pin_memory: bool = False,
-        persistent_workers: bool = False,
-        prefetch_factor: int | None = None,
-        drop_last: bool = False,
+        **settings: Any,
     ) -> None:
+        """`settings`: the DataModule's (augment, batch_size, num_workers, drop_last, ...; see there)."""
         if num_folds is not None:  # the shards hold one split: their folds are the shard command's
             raise ValueError(
                 f"data.num_folds={num_folds}: data=streaming trains on the splits its shards hold; write one set "
                 f"of shards per fold instead (python src/shard.py data=<option> data.num_folds={num_folds} "
                 "data.fold=<i> output_dir=<dir>/fold<i>) and leave data.num_folds=null here"
             )
-        super().__init__(
-            input_shape=input_shape,
-            augment=augment,
-            batch_size=batch_size,
-            num_workers=num_workers,
-            pin_memory=pin_memory,
-            persistent_workers=persistent_workers,
-            prefetch_factor=prefetch_factor,
-            drop_last=drop_last,
-        )
+        super().__init__(input_shape=input_shape, **settings)
         self.task = task
         self.source: L.LightningDataModule | None = None  # the option the shards came from, once set up
         self.decoders: dict[str, Callable[[Any], Any]] = {}  # stored sample -> item, per split (files only)
@@ -142,8 +127,7 @@ class StreamingDataModule(DataModule):
         if self.source is not None:
             return
         facts = self.facts
-        for split in SPLITS:
-            check_chunks(self.hparams.input_dir, split, facts, options=self.hparams.storage_options)
+        check_chunks(self.hparams.input_dir, facts, options=self.hparams.storage_options)
         for key in FACT_KEYS:  # built from a config without them (predict's, on a run's test split)
             if self.hparams[key] is None:
                 self.hparams[key] = facts[key]

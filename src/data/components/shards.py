@@ -131,9 +131,11 @@ class Folder:
         else:
             path.unlink(missing_ok=True)
 
-    def size(self, name: str) -> int | None:
-        path = self.path / name
-        return path.stat().st_size if path.is_file() else None
+    def sizes(self, name: str) -> dict[str, int]:
+        """The size of each file in the subfolder `name`, by file name."""
+        folder = self.path / name
+        files = folder.iterdir() if folder.is_dir() else ()
+        return {file.name: file.stat().st_size for file in files if file.is_file()}
 
     def read_json(self, name: str) -> Any:
         """The JSON file `name`, or None when there is none; an error naming it when it does not parse."""
@@ -197,12 +199,12 @@ class BucketFolder(Folder):
             for entry in page.get("Contents", []):
                 self.client.delete_object(Bucket=self.bucket, Key=entry["Key"])
 
-    def size(self, name: str) -> int | None:
-        for page in self.listed(name.rsplit("/", 1)[0] if "/" in name else ""):
-            for entry in page.get("Contents", []):
-                if entry["Key"] == self.object_key(name):
-                    return entry["Size"]
-        return None
+    def sizes(self, name: str) -> dict[str, int]:
+        return {
+            entry["Key"].rsplit("/", 1)[-1]: entry["Size"]
+            for page in self.listed(name, delimiter="/")
+            for entry in page.get("Contents", [])
+        }
 
 
 # --- reading (data=streaming) ---
@@ -238,15 +240,19 @@ def read_facts(location: str, key: str = "data.input_dir", options: Any = None) 
 
 
 def check_chunks(
-    location: str, split: str, facts: dict[str, Any], key: str = "data.input_dir", options: Any = None
+    location: str, facts: dict[str, Any], key: str = "data.input_dir", options: Any = None
 ) -> None:
     """An error naming the damaged file when a split's index or a chunk file is missing or not the size its
     index says (a copy that stopped halfway, a truncated download), before any batch is read."""
-    folder = open_folder(
-        f"{location}/{split}", key, remote_options(location, options, "data.storage_options")
-    )
+    folder = open_folder(location, key, remote_options(location, options, "data.storage_options"))
+    for split in SPLITS:
+        check_split(folder, split, facts)
+
+
+def check_split(folder: Folder, split: str, facts: dict[str, Any]) -> None:
+    key, location = folder.key, folder.location
     again = f"copy the shards again, or write them again with src/shard.py (output_dir={location})"
-    index = folder.read_json("index.json")
+    index = folder.read_json(f"{split}/index.json")
     if index is None:
         raise FileNotFoundError(f"{key}={location}: {split}/index.json is missing; {again}")
     samples = sum(chunk["chunk_size"] for chunk in index["chunks"])
@@ -255,8 +261,9 @@ def check_chunks(
             f"{key}={location}: {split}/index.json lists {samples} samples but {FACTS_FILE} says "
             f"{facts['samples'][split]}; {again}"
         )
+    sizes = folder.sizes(split)  # one listing, not one request a chunk
     for chunk in index["chunks"]:
-        size = folder.size(chunk["filename"])
+        size = sizes.get(chunk["filename"])
         if size != chunk["chunk_bytes"]:
             found = "missing" if size is None else f"{size} bytes instead of {chunk['chunk_bytes']}"
             raise ValueError(
