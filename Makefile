@@ -10,8 +10,9 @@ LOCK ?= requirements.lock
 PIP_VERSION := 26.1.2
 # pip compiles what it installs to bytecode one file at a time. It installs with --no-compile, then this
 # compiles the installed packages on every core, skipping, as pip does, the few files that are not Python 3
-# (a test helper of torch's).
-COMPILE := $(PY) -c "import compileall, sysconfig; compileall.compile_dir(sysconfig.get_path('purelib'), quiet=2, workers=0)"
+# (a test helper of torch's), and transformers' hundreds of model architectures (the text extra): a run
+# imports one or two, which Python compiles when it first imports them.
+COMPILE := $(PY) -c "import compileall, re, sysconfig; compileall.compile_dir(sysconfig.get_path('purelib'), quiet=2, workers=0, rx=re.compile('/transformers/models/'))"
 # What `make test` installs on top of the project: every extra of pyproject.toml (the dev tools and every
 # optional integration, which the tests cover).
 TEST_EXTRAS = $(shell sed -n '/^\[project.optional-dependencies\]/,/^\[/s/^\([a-z]*\) = .*/\1/p' pyproject.toml | paste -sd, -)

@@ -234,7 +234,7 @@ def test_an_export_never_overwrites_unless_asked(trained: Path, tmp_path: Path, 
         (
             "export",
             ["run_dir=RUN", "format=state_dict", "output=TMP/w.pt", "parity_samples=1"],
-            "the parity check needs at least 2 images (parity_samples=1), found 1",
+            "the parity check needs at least 2 inputs (parity_samples=1), found 1",
         ),
     ],
 )

@@ -5,10 +5,12 @@
 - torch_export: a `torch.export` ExportedProgram (.pt2), dynamic batch, checked by loading it back.
 - state_dict: the net's bare weights (.pt), checked by loading them into a net built from its config.
 
-Each artifact gives the net's output for a batch of preprocessed images: what it means is the task module's
+Each artifact gives the net's output for a batch of its inputs (preprocessed images; a text's token ids and
+attention mask), named and with dynamic axes as the task module says (`export_inputs`, `export_axes`,
+`export_net`): what it means is the task module's
 `output_description()`, written into the .json beside it (a classifier's (N, classes) logits, a segmenter's
-(N, classes, H, W) per-pixel logits). The check feeds real images in two batch sizes, so a batch axis that
-was not really dynamic fails too.
+(N, classes, H, W) per-pixel logits). The check feeds real inputs in two batch sizes (texts: two sequence
+lengths too), so an axis that was not really dynamic fails too.
 """
 
 import importlib.util
@@ -27,7 +29,9 @@ from torch import nn
 
 ONNX_PACKAGES = ("onnx", "onnxruntime", "onnxscript")  # torch.onnx.export needs onnxscript since torch 2.9
 
-Runnable = Callable[[torch.Tensor], torch.Tensor]  # a batch of images in, the net's output out
+# The net's inputs in (positionally, in the order export_inputs names them), its output out.
+Runnable = Callable[..., torch.Tensor]
+Inputs = dict[str, torch.Tensor]  # a batch of the net's inputs by name (the ONNX inputs' names)
 
 # What check_parity allows, as the sidecar states it.
 PARITY_RULE = "max |artifact - model| <= tolerance * max(1, max |model|), over each batch's outputs"
@@ -41,19 +45,21 @@ def require(packages: tuple[str, ...], what: str) -> None:
         )
 
 
-def _batch_dim() -> dict[int, Any]:
-    return {0: torch.export.Dim("batch", min=1, max=4096)}
+def dynamic_shapes(model: nn.Module, example: Inputs) -> tuple[dict[int, Any], ...]:
+    """The dynamic axes of each input (the batch; a text's sequence too), as the task module says."""
+    axes = model.export_axes()
+    return tuple(axes[name] for name in example)
 
 
-def save_onnx(model: nn.Module, example: torch.Tensor, path: Path) -> None:
+def save_onnx(model: nn.Module, example: Inputs, path: Path) -> None:
     torch.onnx.export(
-        model,
-        (example,),
+        model.export_net(),
+        tuple(example.values()),
         str(path),
         dynamo=True,
-        input_names=["images"],
+        input_names=list(example),
         output_names=[model.output_description()["name"]],  # "logits" for the template's tasks
-        dynamic_shapes=(_batch_dim(),),
+        dynamic_shapes=dynamic_shapes(model, example),
         # One self-contained .onnx file; past protobuf's 2 GB limit the weights go to <name>.onnx.data.
         external_data=sum(p.numel() * p.element_size() for p in model.parameters()) > 1_800_000_000,
         verbose=False,
@@ -64,11 +70,19 @@ def load_onnx(path: Path, net_config: dict[str, Any]) -> Runnable:
     import onnxruntime
 
     session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    return lambda images: torch.from_numpy(session.run(None, {"images": images.numpy()})[0])
+    names = [node.name for node in session.get_inputs()]
+
+    def run(*inputs: torch.Tensor) -> torch.Tensor:
+        feed = {name: tensor.numpy() for name, tensor in zip(names, inputs, strict=True)}
+        return torch.from_numpy(session.run(None, feed)[0])
+
+    return run
 
 
-def save_torch_export(model: nn.Module, example: torch.Tensor, path: Path) -> None:
-    program = torch.export.export(model, (example,), dynamic_shapes=(_batch_dim(),))
+def save_torch_export(model: nn.Module, example: Inputs, path: Path) -> None:
+    program = torch.export.export(
+        model.export_net(), tuple(example.values()), dynamic_shapes=dynamic_shapes(model, example)
+    )
     torch.export.save(program, str(path))
 
 
@@ -76,7 +90,7 @@ def load_torch_export(path: Path, net_config: dict[str, Any]) -> Runnable:
     return torch.export.load(str(path)).module()
 
 
-def save_state_dict(model: nn.Module, example: torch.Tensor, path: Path) -> None:
+def save_state_dict(model: nn.Module, example: Inputs, path: Path) -> None:
     torch.save(model.net.state_dict(), path)
 
 
@@ -91,8 +105,8 @@ class Format:
     """How an export format is written, and how the written artifact is loaded back for the parity check."""
 
     suffix: str  # of the artifact's file name
-    save: Callable[[nn.Module, torch.Tensor, Path], None]  # (model, example batch, path)
-    load: Callable[[Path, dict[str, Any]], Runnable]  # (path, the net's config) -> images to outputs
+    save: Callable[[nn.Module, Inputs, Path], None]  # (task module, example inputs, path)
+    load: Callable[[Path, dict[str, Any]], Runnable]  # (path, the net's config) -> inputs to outputs
     packages: tuple[str, ...] = ()  # what it needs besides torch, checked before anything is written
 
 
@@ -121,18 +135,21 @@ def staged(artifact: Path) -> Iterator[Path]:
 def check_parity(
     reference: Runnable,
     candidate: Runnable,
-    images: torch.Tensor,
+    batches: torch.Tensor | list[Inputs],
     tolerance: float,
     what: str,
 ) -> float:
-    """The largest difference of the candidate's outputs from the reference's, on the whole batch and on its
-    first few samples, relative to the reference's largest output when that is above 1 (PARITY_RULE); an error
-    when it exceeds `tolerance`. Float32 rounds to a share of the values it adds up, so a net whose logits
-    reach 16 (a trained segmenter's) differs by more, on every output, than one whose logits stay near 1."""
+    """The largest difference of the candidate's outputs from the reference's, on each batch of inputs (a
+    tensor of images: the batch and its first few), relative to the reference's largest output when that is
+    above 1 (PARITY_RULE); an error when it exceeds `tolerance`. Float32 rounds to a share of the values it
+    adds up, so a net whose logits reach 16 (a trained segmenter's) differs by more, on every output, than one
+    whose logits stay near 1."""
+    if isinstance(batches, torch.Tensor):
+        batches = [{"images": batches}, {"images": batches[: max(1, len(batches) // 2 - 1)]}]
     worst = 0.0
     with torch.no_grad():
-        for batch in (images, images[: max(1, len(images) // 2 - 1)]):
-            expected, got = reference(batch).float(), candidate(batch).float()
+        for batch in batches:
+            expected, got = reference(*batch.values()).float(), candidate(*batch.values()).float()
             if got.shape != expected.shape:
                 raise ValueError(
                     f"{what} gives outputs of shape {list(got.shape)}, the model {list(expected.shape)}"
@@ -140,9 +157,10 @@ def check_parity(
             scale = max(1.0, expected.abs().max().item())
             worst = max(worst, (got - expected).abs().max().item() / scale)
     if not worst <= tolerance:  # also catches NaN
+        count = len(next(iter(batches[0].values())))
         raise ValueError(
             f"{what} failed its parity check: its outputs differ from the model's by up to {worst:.3g} (relative "
             "to the model's largest output when above 1), more than "
-            f"tolerance={tolerance:g} (on {len(images)} real images); it is not kept"
+            f"tolerance={tolerance:g} (on {count} real inputs); it is not kept"
         )
     return worst

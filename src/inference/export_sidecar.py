@@ -1,5 +1,6 @@
-"""The .json beside an export: what the artifact expects (input shape, image mode, preprocessing) and gives
-(the task module's `output_description()`), the class names and net config, and how its parity was checked."""
+"""The .json beside an export: what the artifact expects (input shape, image mode, preprocessing; a text net's
+token ids, and the tokenizer saved beside it) and gives (the task module's `output_description()`), the class
+names and net config, and how its parity was checked."""
 
 import json
 import logging
@@ -18,7 +19,19 @@ def write_sidecar(
     """<artifact>.json: what the artifact expects and gives, and how it was checked."""
     preprocessing = model.hparams.get("preprocessing") or {}  # none: trained before predict was added
     sidecar = artifact.with_name(artifact.name + ".json")
-    if preprocessing.get("transform") is None:
+    described = {  # image_mode and preprocessing are null when the datamodule did not say
+        "shape": ["batch", *(preprocessing.get("input_shape") or [])],
+        "dtype": "float32",
+        "image_mode": preprocessing.get("image_mode"),
+        "preprocessing": preprocessing.get("transform"),
+    }
+    # part: text
+    if preprocessing.get("kind") == "text":
+        from src.inference.text_inputs import save_tokenizer_beside
+
+        described = save_tokenizer_beside(artifact, preprocessing)
+    # /part
+    if described["preprocessing"] is None:
         log.warning(
             f"{sidecar.name}: the input preprocessing is null, since {preprocessing.get('datamodule', 'the checkpoint')} does not "
             "say how an image file becomes the net's input; feed the artifact what its test split gives"
@@ -28,12 +41,7 @@ def write_sidecar(
             {
                 "format": fmt,
                 "checkpoint": str(checkpoint),
-                "input": {  # image_mode and preprocessing are null when the datamodule did not say
-                    "shape": ["batch", *(preprocessing.get("input_shape") or [])],
-                    "dtype": "float32",
-                    "image_mode": preprocessing.get("image_mode"),
-                    "preprocessing": preprocessing.get("transform"),
-                },
+                "input": described,
                 "output": model.output_description(),
                 "class_names": model.label_names(),
                 "net": model.hparams.net,

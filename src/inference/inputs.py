@@ -104,14 +104,12 @@ class Inputs:
             PredictInput(index=i, image=image, target=target) for i, (image, target, *_) in enumerate(test)
         )
 
-    def first(self, count: int) -> torch.Tensor:
-        """The first `count` images (fewer if there are fewer), as one batch."""
-        images: list[torch.Tensor] = []
-        for batch in self.loader:
-            images.append(batch[0] if isinstance(batch, list | tuple) else batch)
-            if sum(len(chunk) for chunk in images) >= count:
-                break
-        return torch.cat(images)[:count]
+    def first(self, count: int) -> Any:
+        """The first `count` inputs (fewer if there are fewer) as one batch of what the net takes: images,
+        or a text's padded token ids and attention mask."""
+        loader = DataLoader(self.loader.dataset, batch_size=count, collate_fn=self.loader.collate_fn)
+        batch = next(iter(loader))
+        return batch[0] if isinstance(batch, list | tuple) else batch
 
 
 def inputs(cfg: DictConfig, source: TrainedRun, model: LightningModule, batch_size: int) -> Inputs:

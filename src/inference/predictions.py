@@ -27,6 +27,7 @@ class PredictInput:
     file: Path | None = None  # the image file it was read from (inputs=); None on a test split
     image: Tensor | None = None  # on a test split, the net's input (C, H, W); None for a file (read the file)
     target: Any = None  # on a test split, what is right (a class index, a mask); None for a file
+    text: str | None = None  # a text read from inputs= (a text classifier's)  [part: text]
 
 
 class PredictionWriter:

@@ -52,18 +52,24 @@ def export(cfg: DictConfig) -> Path:
             f"{artifact} exists; give output=<another path>, or overwrite=true to replace it"
         )
     export_formats.require(fmt.packages, f"format={name}")  # before anything is written
-    images = inputs(cfg, source, model, cfg.parity_samples).first(cfg.parity_samples)
-    if len(images) < 2:
+    batches = model.export_inputs(inputs(cfg, source, model, cfg.parity_samples).first(cfg.parity_samples))
+    names, count = list(batches[0]), len(next(iter(batches[0].values())))
+    if count < 2:
         raise ValueError(
-            f"the parity check needs at least 2 images (parity_samples={cfg.parity_samples}), found {len(images)}"
+            f"the parity check needs at least 2 inputs (parity_samples={cfg.parity_samples}), found {count}"
         )
+
+    def reference(*tensors: Any) -> Any:
+        """The model as it trained (a text net's LoRA adapters unmerged), on inputs as its data gives them."""
+        return model(tensors[0] if len(tensors) == 1 else dict(zip(names, tensors, strict=True)))
+
     with build(cfg, model=model, trainer=False) as run:
         log.info(f"Exporting {source.checkpoint} as {name} to {artifact}")
         with export_formats.staged(artifact) as written:
-            fmt.save(model, images, written)
+            fmt.save(model, batches[0], written)
             candidate = fmt.load(written, model.hparams.net)
             what = f"{name} export {artifact}"
-            worst = export_formats.check_parity(model, candidate, images, cfg.tolerance, what)
+            worst = export_formats.check_parity(reference, candidate, batches, cfg.tolerance, what)
         log.info(
             f"Parity check passed: outputs differ from the model's by at most {worst:.3g} (tolerance {cfg.tolerance:g})"
         )

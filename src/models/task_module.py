@@ -20,7 +20,10 @@ from omegaconf import (
     DictConfig,  # [part: predict]
     OmegaConf,
 )
-from torch import Tensor
+from torch import (
+    Tensor,
+    nn,  # [part: predict]
+)
 from torchmetrics import MaxMetric, MeanMetric, Metric, MetricCollection, MinMetric
 
 from src.common.classes import names_or_indices
@@ -122,6 +125,20 @@ class TaskModule(L.LightningModule):
             f"{type(self).__name__} does not say what its net's output means: implement output_description() "
             "in it (see TaskModule in src/models/task_module.py)"
         )
+
+    def export_inputs(self, batch: Any) -> list[dict[str, Tensor]]:
+        """The batches of net inputs, by name (an ONNX export's input names), that an export is traced with
+        (the first) and checked on (each), from a batch of the data's inputs: the images, and their first few
+        (a second batch size)."""
+        return [{"images": batch}, {"images": batch[: max(1, len(batch) // 2 - 1)]}]
+
+    def export_axes(self) -> dict[str, dict[int, Any]]:
+        """Each input's dynamic axes, as torch.export Dims: the images' batch axis."""
+        return {"images": {0: torch.export.Dim("batch", min=1, max=4096)}}
+
+    def export_net(self) -> nn.Module:
+        """The module an export writes: it takes the inputs of `export_inputs` positionally, in their order."""
+        return self
 
     # /part
 
