@@ -68,6 +68,15 @@ def snapshot_subdir(run_dir: str) -> str:
     return f".hydra/attempts/{datetime.now().strftime(environment.STAMP_FORMAT)}"
 
 
+# part: text
+def first_set(*values: Any) -> Any:
+    """The first value that is not null (model.net.tokenizer: the weights' folder, else the hub name)."""
+    return next((value for value in values if value is not None), None)
+
+
+# /part
+
+
 def register_resolvers() -> None:
     OmegaConf.register_new_resolver("project_root", project_root, replace=True)
     # Cached like Hydra's ${now:}: one value per process, however often the run dir is resolved.
@@ -76,3 +85,4 @@ def register_resolvers() -> None:
     OmegaConf.register_new_resolver("sweep_group", sweep_group, replace=True)
     OmegaConf.register_new_resolver("run_label", run_label, replace=True)
     OmegaConf.register_new_resolver("snapshot_subdir", snapshot_subdir, use_cache=True, replace=True)
+    OmegaConf.register_new_resolver("first_set", first_set, replace=True)  # [part: text]
