@@ -116,6 +116,7 @@ class FrozenBackbone(L.Callback):
     def __init__(self, epochs: int) -> None:
         self.epochs = epochs
         self.frozen = False
+        self.trainable: set[nn.Parameter] | None = None  # what the net trains; what it froze itself stays so
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # Also here, not only at each epoch's start: a run resumed mid-epoch skips that hook, and must land
@@ -128,9 +129,10 @@ class FrozenBackbone(L.Callback):
     def set_frozen(self, module: L.LightningModule, frozen: bool) -> None:
         head = module.net.head_module()
         head_parameters, head_layers = set(head.parameters()), set(head.modules())
-        for parameter in module.net.parameters():
-            if parameter not in head_parameters:
-                parameter.requires_grad_(not frozen)
+        if self.trainable is None:  # the first call, before anything is frozen (a LoRA base is, by design)
+            self.trainable = {parameter for parameter in module.net.parameters() if parameter.requires_grad}
+        for parameter in self.trainable - head_parameters:
+            parameter.requires_grad_(not frozen)
         for layer in module.net.modules():
             if isinstance(layer, NORMS) and layer not in head_layers:
                 layer.train(module.training and not frozen)
