@@ -124,7 +124,7 @@ def fit(model: L.LightningModule, files: dict[str, Path], root: Path, steps: int
 def test_the_net_loads_saved_weights_in_train_mode_and_gives_logits(files):
     net = make_net(files)
     assert net.training and net.model.training  # from_pretrained left it in eval mode: dropout off
-    assert net(batch(files)).shape == (len(TEXTS), 3)
+    assert net(**batch(files)).shape == (len(TEXTS), 3)
     assert net.head_module() is net.model.classifier and net.head_module().out_features == 3
 
 
@@ -132,7 +132,7 @@ def test_from_scratch_the_config_sizes_the_net_and_the_tokenizer_its_vocabulary(
     net = make_net(files, weights_dir=None)
     assert net.model.config.hidden_size == 64 and net.model.config.num_hidden_layers == 2
     assert net.model.get_input_embeddings().num_embeddings == files["vocabulary_size"]
-    assert net(batch(files, TEXTS[:2])).shape == (2, 3)
+    assert net(**batch(files, TEXTS[:2])).shape == (2, 3)
 
 
 def test_the_tokenizer_resolver_follows_the_weights(files):
@@ -198,7 +198,7 @@ def test_a_lora_state_dict_holds_the_trainable_tensors_and_a_reference_to_the_ba
                 parameter.normal_(std=0.1)
     other = make_net(files, lora=LORA).eval()
     other.load_state_dict(net.state_dict())
-    assert torch.equal(other(batch(files)), net(batch(files)))
+    assert torch.equal(other(**batch(files)), net(**batch(files)))
 
 
 def test_lora_checkpoints_save_load_and_resume_through_lightning(files, tmp_path):
@@ -252,7 +252,7 @@ def test_merged_gives_the_same_logits_with_a_complete_plain_model(files):
                 parameter.normal_(std=0.1)
     merged = net.merged().eval()
     inputs = batch(files)
-    assert torch.allclose(merged(inputs), net(inputs), atol=1e-6)
+    assert torch.allclose(merged(**inputs), net(**inputs), atol=1e-6)
     assert not any("lora_" in name for name in merged.state_dict())
     assert "model.bert.embeddings.word_embeddings.weight" in merged.state_dict()
 

@@ -18,8 +18,8 @@ LORA_DEFAULTS = {"r": None, "alpha": 16, "dropout": 0.1, "target_modules": None}
 
 
 class HFNet(nn.Module):
-    """A sequence classifier whose head is made for `num_classes`, mapping a batch's `inputs` (`input_ids` and
-    `attention_mask`, padded with the tokenizer's pad token) to (B, num_classes) logits.
+    """A sequence classifier whose head is made for `num_classes`, mapping a batch's `input_ids` and
+    `attention_mask` (B, L), padded with the tokenizer's pad token, to (B, num_classes) logits.
 
     The base is, by the first key set: `weights_dir` (a save_pretrained folder, loaded with no network),
     `name` (a hub name, downloaded once), else a new model of architecture `config` (`model_type` and the
@@ -83,8 +83,13 @@ class HFNet(nn.Module):
         self.register_state_dict_post_hook(leave_out_frozen)
         self.register_load_state_dict_pre_hook(take_frozen_from_base)
 
-    def forward(self, inputs: dict[str, Tensor]) -> Tensor:
-        return self.model(**inputs).logits
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        # Positional tensors, not the batch's dict: an export traces the net with them as its inputs.
+        return self.model(input_ids=input_ids, attention_mask=attention_mask).logits
+
+    def max_length(self) -> int:
+        """The longest sequence the model takes (its position embeddings)."""
+        return int(getattr(self.model.config, "max_position_embeddings", None) or 4096)
 
     def head_module(self) -> nn.Module:
         """The classifier made for num_classes (with LoRA: peft's trainable copy and the original); the rest
