@@ -367,6 +367,7 @@ def project_venv(project: Path, venv: Path) -> Path:
 
 @TEMPLATE_ONLY
 @pytest.mark.slow
+@pytest.mark.matrix  # [part: template]
 def test_a_project_generated_with_other_answers_installs_and_passes_its_own_tests(
     template: Path, tmp_path: Path
 ):
@@ -460,6 +461,7 @@ def test_a_project_generated_with_other_answers_installs_and_passes_its_own_test
 
 @TEMPLATE_ONLY
 @pytest.mark.slow
+@pytest.mark.matrix  # [part: template]
 def test_copier_update_brings_template_changes_and_keeps_the_projects_readme(template: Path, tmp_path: Path):
     git = ["git", "-c", "user.name=u", "-c", "user.email=u@u"]
     newer = tmp_path / "template"  # the template, later: a clone with one more commit

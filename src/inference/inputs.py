@@ -93,12 +93,15 @@ class Inputs:
     loader: DataLoader
     files: list[Path] | None = None  # the image files, in the loader's order
     datamodule: LightningDataModule | None = None  # the test split's, when no files were given
+    texts: list[str] | None = None  # a text classifier's inputs=, in the loader's order  [part: text]
 
     def each(self) -> Iterator[PredictInput]:
         """Each input in the loader's order, for the task's PredictionWriter: its file, or on a test split its
         image and target (label, mask)."""
         if self.files is not None:
             return (PredictInput(index=i, file=file) for i, file in enumerate(self.files))
+        if self.texts is not None:  # [part: text]
+            return (PredictInput(index=i, text=text) for i, text in enumerate(self.texts))  # [part: text]
         test = self.datamodule.data_test
         return (
             PredictInput(index=i, image=image, target=target) for i, (image, target, *_) in enumerate(test)
@@ -116,6 +119,14 @@ def inputs(cfg: DictConfig, source: TrainedRun, model: LightningModule, batch_si
     """The images of `cfg.inputs` (files, folders, globs), else the test split of `cfg.data` or, when that is
     null, of the data the checkpoint's run trained on."""
     if cfg.get("inputs") is not None:
+        # part: text
+        preprocessing = model.hparams.get("preprocessing") or {}
+        if preprocessing.get("kind") == "text":  # a text classifier's: texts, not images
+            from src.inference.text_inputs import read_texts, text_loader
+
+            texts = read_texts(cfg.inputs, preprocessing["text_column"])
+            return Inputs(loader=text_loader(texts, preprocessing, batch_size), texts=texts)
+        # /part
         files = expand_inputs(cfg.inputs)
         return Inputs(loader=file_loader(files, model.hparams.preprocessing, batch_size), files=files)
     config = group_config(cfg, source, "data")
