@@ -12,6 +12,7 @@ from omegaconf import OmegaConf
 
 from src.run.builder import instantiate_group
 from src.run.trained_run import chosen_groups, with_keys_set
+from tests.test_data import BUILD_WITH
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 
@@ -66,7 +67,9 @@ def test_single_keys_on_the_command_line_go_on_top_of_the_runs_config():
 
 @pytest.mark.parametrize("option", options("data"))
 def test_data_options_instantiate(compose_cfg, option):
-    datamodule = instantiate(compose_cfg("train", [f"data={option}"]).data, _convert_="all")
+    datamodule = instantiate(
+        compose_cfg("train", [f"data={option}", *BUILD_WITH.get(option, [])]).data, _convert_="all"
+    )
     assert isinstance(datamodule, L.LightningDataModule)
 
 
