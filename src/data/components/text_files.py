@@ -10,10 +10,10 @@ FORMATS = {".csv": "CSV", ".tsv": "TSV", ".jsonl": "JSON lines", ".json": "JSON 
 
 
 def read_text_file(
-    path: str | Path, text_column: str, label_column: str, key: str
+    path: str | Path, text_column: str, label_column: str | None, key: str
 ) -> tuple[list[str], list[str]]:
-    """The texts and labels of every row (a missing value reads as ""). `key` is the config key that names
-    the file, for the errors."""
+    """The texts and labels of every row (a missing value reads as ""; no labels without `label_column`, as
+    predict reads texts). `key` is the config key that names the file, for the errors."""
     import pyarrow as pa
 
     path = Path(path)
@@ -25,24 +25,26 @@ def read_text_file(
             f"{key}={path}: unknown format {suffix!r}; give a file ending in {', '.join(FORMATS)}"
         )
     try:
-        table = _read_table(path, suffix, (text_column, label_column))
+        columns = (text_column, label_column) if label_column is not None else (text_column,)
+        table = _read_table(path, suffix, columns)
     except pa.ArrowInvalid as err:
         raise ValueError(
             f"{key}={path} is not a valid {FORMATS[suffix]} file: {str(err).splitlines()[0]}"
         ) from err
     for column, column_key in ((text_column, "data.text_column"), (label_column, "data.label_column")):
-        if column not in table.column_names:
+        if column is not None and column not in table.column_names:
             raise ValueError(
                 f"{column_key}={column} is not a column of {key}={path}; its columns are "
                 f"{', '.join(table.column_names)}"
             )
     texts, labels = (
-        table.column(column).cast(pa.string()).to_pylist() for column in (text_column, label_column)
+        table.column(column).cast(pa.string()).to_pylist() if column is not None else []
+        for column in (text_column, label_column)
     )
     return [text or "" for text in texts], ["" if label is None else label.strip() for label in labels]
 
 
-def _read_table(path: Path, suffix: str, columns: tuple[str, str]):
+def _read_table(path: Path, suffix: str, columns: tuple[str, ...]):
     """The file as a pyarrow Table; the CSV/TSV columns named in `columns` read as strings, not inferred."""
     if suffix == ".parquet":
         import pyarrow.parquet as pq
