@@ -1,7 +1,9 @@
 """Every option of every config group composes and instantiates."""
 
 import importlib.util
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 import pytest
@@ -77,16 +79,28 @@ def test_data_options_instantiate(compose_cfg, option):
 MODEL_CHECKS = {
     "classifier": [("mnist5k", (2, 1, 28, 28), (2, 10)), ("digits", (2, 1, 8, 8), (2, 10))],
     "segmenter": [("digit_scenes", (2, 1, 64, 64), (2, 11, 64, 64))],
+    "text_classifier": [("example_texts", (2, 12), (2, 3))],  # (texts, tokens)  [part: text]
 }
+# What a model option needs besides its data, and its input batch of the checked shape (default: zeros).
+MODEL_CHECKS_WITH: dict[str, list[str]] = {}
+BATCH_OF: dict[str, Callable[[tuple[int, ...]], Any]] = {}
+# part: text
+# The example texts' tokenizer, which building the data writes; a batch of token ids.
+MODEL_CHECKS_WITH["text_classifier"] = ["model.net.tokenizer=${paths.data_dir}/example_texts/tokenizer"]
+BATCH_OF["text_classifier"] = lambda shape: {"input_ids": torch.ones(shape, dtype=torch.long)}
+# /part
 
 
 @pytest.mark.parametrize("option", options("model"))
 def test_model_options_instantiate_and_fit_the_data(compose_cfg, option):
     assert option in MODEL_CHECKS, f"model={option}: add the data it is checked with to MODEL_CHECKS"
     for data, shape, output in MODEL_CHECKS[option]:
-        model = instantiate(compose_cfg("train", [f"model={option}", f"data={data}"]).model)
+        cfg = compose_cfg("train", [f"model={option}", f"data={data}", *MODEL_CHECKS_WITH.get(option, [])])
+        instantiate(cfg.data, _convert_="all")
+        model = instantiate(cfg.model)
         model.eval()
-        assert model(torch.zeros(shape)).shape == output
+        batch = BATCH_OF.get(option, torch.zeros)(shape)
+        assert model(batch).shape == output
 
 
 def test_channels_last_converts_the_convs_and_gives_the_same_outputs(compose_cfg):

@@ -48,7 +48,7 @@ class TextDataModule(ClassificationDataModule):
         self,
         train_file: str,
         num_classes: int,
-        tokenizer: str,
+        tokenizer: str | None,
         val_file: str | None = None,
         test_file: str | None = None,
         text_column: str = "text",

@@ -2,11 +2,14 @@
 batches; loss, metrics and predictions as for images (ClassifierModule)."""
 
 from pathlib import Path  # [part: predict]
-from typing import Any
+from typing import Any  # [part: predict]
 
-import torch
+import torch  # [part: predict]
 from omegaconf import DictConfig  # [part: predict]
-from torch import Tensor, nn
+from torch import (
+    Tensor,
+    nn,  # [part: predict]
+)
 
 from src.models.classifier_module import ClassifierModule
 

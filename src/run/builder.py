@@ -21,10 +21,7 @@ from typing import Any
 
 import lightning as L
 from hydra.core.hydra_config import HydraConfig
-from hydra.utils import (
-    get_object,  # [part: diagnostics]
-    instantiate,
-)
+from hydra.utils import get_object, instantiate
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.loggers import WandbLogger
@@ -104,10 +101,11 @@ def instantiate_run(run: Run, trainer: bool) -> None:
         # Plain lists and dicts (not ListConfig): checkpoints store the datamodule's hyperparameters and
         # must load with weights_only=True.
         run.datamodule = instantiate(cfg.data, _convert_="all")
+    # Checked on the model's class before it is built: a model for other data names data keys this one lacks.
+    check_same_task(run.model if run.model is not None else get_object(cfg.model._target_), run.datamodule)
     if run.model is None:
         log.info(f"Instantiating model <{cfg.model._target_}>")
         run.model = instantiate(cfg.model)
-    check_same_task(run.model, run.datamodule)
     if trainer:
         callbacks = cfg.get("callbacks")
         callbacks = for_this_task(callbacks, run.model)  # [part: diagnostics]
@@ -118,13 +116,15 @@ def instantiate_run(run: Run, trainer: bool) -> None:
         skip_idle_batch_hooks(run.trainer)
 
 
-def check_same_task(model: L.LightningModule, datamodule: L.LightningDataModule | None) -> None:
-    """An error when the data's samples are for another task than the model's (when both say which)."""
+def check_same_task(model: L.LightningModule | type, datamodule: L.LightningDataModule | None) -> None:
+    """An error when the data's samples are for another task than the model's (a module or its class), when
+    both say which."""
     data_task, model_task = getattr(datamodule, "task", None), getattr(model, "task", None)
     if data_task and model_task and data_task != model_task:
+        model_class = model if isinstance(model, type) else type(model)
         raise ValueError(
             f"the data ({type(datamodule).__name__}) gives {data_task} samples but the model "
-            f"({type(model).__name__}) is a {model_task} model; choose a model option for {data_task} "
+            f"({model_class.__name__}) is a {model_task} model; choose a model option for {data_task} "
             "(its model= option) or other data"
         )
 
