@@ -246,6 +246,7 @@ def keep_lines(text: str, kept: set[str], where: str) -> str:
         squeeze = False
         if tag := LINE_TAG.search(line.rstrip("\n")):
             if not all(name.strip() in kept for name in tag[1].split(",")):
+                squeeze = True  # a group of tagged lines (imports) left out leaves one blank line, not two
                 continue
             end = "\n" if line.endswith("\n") else ""
             line = line.rstrip("\n")[: tag.start()].rstrip()

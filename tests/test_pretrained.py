@@ -4,8 +4,6 @@ random ones, or a weights file the test writes itself."""
 
 import csv
 import json
-import subprocess
-import sys
 from itertools import pairwise
 from pathlib import Path
 
@@ -23,7 +21,7 @@ from src.models.components.torchvision_net import TorchvisionNet
 from src.models.components.warmup_cosine import WarmupCosine
 from src.models.finetuning import NORMS, parameter_groups
 from src.run import preflight
-from tests.conftest import cli_command, cli_env, only_run_dir, run_cli
+from tests.conftest import only_run_dir, run_cli
 
 TIMM = "test_resnet"  # one of timm's test models: a real ResNet of 0.5 M parameters, made for 160x160
 DIGITS_TIMM = ["data=digits", "model/net=timm", f"model.net.name={TIMM}"]
@@ -241,21 +239,6 @@ def test_a_pretrained_net_trains_predicts_and_exports(net: list[str], tmp_path: 
 
 
 @pytest.mark.slow
-def test_help_config_printing_and_the_default_run_do_not_import_timm(tmp_path: Path, data_dir: Path):
-    """timm costs a second at import: only a run whose net is timm's pays it."""
-    for overrides in (["--help"], ["--cfg", "job", "model/net=timm"], ["debug=fdr"]):
-        command = cli_command("train", *overrides, log_dir=tmp_path, data_dir=data_dir)
-        # A fresh interpreter (not the test server, which has imported much already) that says at exit
-        # whether timm was imported.
-        probe = "import atexit, runpy, sys; atexit.register(lambda: print('timm imported:', 'timm' in sys.modules)); "
-        probe += f"sys.argv = {command[1:]!r}; runpy.run_path(sys.argv[0], run_name='__main__')"
-        done = subprocess.run(
-            [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, env=cli_env()
-        )
-        assert done.returncode == 0, done.stderr[-3000:]
-        assert "timm imported: False" in done.stdout, overrides
-
-
 class Phases(L.Callback):
     """At each training batch: the epoch, whether the backbone is frozen, and whether its norms train."""
 

@@ -222,3 +222,28 @@ def test_compiled_training_saves_checkpoints_that_eval_predict_and_export_load_w
     )
     assert compiled_eval.returncode == 0, compiled_eval.stderr[-3000:]
     assert last_metrics(only_run_dir(tmp_path / "ce", "eval"))["test/acc"] == pytest.approx(test_acc)
+
+
+# Packages only some runs need (each costs a second or more at import): --help, config printing and the default
+# run import none of them.
+OPTIONAL_IMPORTS = ["wandb", "onnx"]
+OPTIONAL_IMPORTS.append("timm")  # [part: pretrained]
+# part: text
+# Not transformers: `import lightning` imports it when installed (torchmetrics' BERTScore, torchmetrics#2242).
+OPTIONAL_IMPORTS += ["peft", "pyarrow", "transformers.models.bert"]
+# /part
+
+
+def test_help_config_printing_and_the_default_run_import_no_optional_package(tmp_path: Path, data_dir: Path):
+    for overrides in (["--help"], ["--cfg", "job", "logger=wandb"], ["debug=fdr"]):
+        command = cli_command("train", *overrides, log_dir=tmp_path, data_dir=data_dir)
+        # A fresh interpreter (not the test server, which has imported much already) that says at exit which
+        # of them were imported.
+        probe = f"import atexit, runpy, sys; names = {OPTIONAL_IMPORTS!r}; "
+        probe += "atexit.register(lambda: print('imported:', [n for n in names if n in sys.modules])); "
+        probe += f"sys.argv = {command[1:]!r}; runpy.run_path(sys.argv[0], run_name='__main__')"
+        done = subprocess.run(
+            [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, env=cli_env()
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "imported: []" in done.stdout, (overrides, done.stdout[-500:])

@@ -1,0 +1,248 @@
+"""Text from a user's side, through the real CLI and offline: a CSV of texts trains a tiny BERT that the test
+saves with save_pretrained (model.net.weights_dir), by overrides alone; eval, predict and export take the run;
+LoRA checkpoints are small, refuse another base and export merged; DDP on 2 gloo ranks; a killed run resumes
+to the same weights; runs without text never import transformers."""
+
+import json
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+
+from src.data.components.example_texts import make_example_texts
+from src.run.trained_run import TrainedRun, load_model
+from tests.conftest import built_once, last_metrics, only_run_dir, run_cli, start_cli
+from tests.test_resume import record, run_dir_of, wait_for, weights
+
+TEXT_MODULE = "src.models.text_classifier_module.TextClassifierModule"
+SMALL_BERT = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 128}
+
+
+def save_bert(folder: Path, vocabulary_size: int, seed: int) -> Path:
+    """A randomly initialised small BERT saved with save_pretrained, as a downloaded model is."""
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    torch.manual_seed(seed)
+    config = AutoConfig.for_model("bert", vocab_size=vocabulary_size, num_labels=2, **SMALL_BERT)
+    AutoModelForSequenceClassification.from_config(config).save_pretrained(str(folder))
+    return folder
+
+
+@pytest.fixture(scope="session")
+def text_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """texts/{train,test}.csv (600 and 150 generated reviews: text,label) with their tokenizer, a BERT saved
+    with that tokenizer's vocabulary (bert/, and its tokenizer beside it as a downloaded model has), and
+    another BERT of other weights (other_bert/)."""
+
+    def build(folder: Path) -> None:
+        from transformers import AutoTokenizer
+
+        texts = make_example_texts(folder / "texts", train=600, test=150)
+        tokenizer = AutoTokenizer.from_pretrained(str(texts / "tokenizer"), local_files_only=True)
+        for name, seed in (("bert", 0), ("other_bert", 1)):
+            tokenizer.save_pretrained(str(save_bert(folder / name, len(tokenizer), seed)))
+
+    return built_once(tmp_path_factory, "text_files", build)
+
+
+def text_overrides(files: Path, *more: str) -> list[str]:
+    """A user's own CSV and a save_pretrained folder, by overrides alone (docs/text.md's command)."""
+    return [
+        "model=text_classifier",
+        "data=text_file",
+        f"data.train_file={files / 'texts' / 'train.csv'}",
+        f"data.test_file={files / 'texts' / 'test.csv'}",
+        "data.split=[0.8,0.2,0]",
+        "data.num_classes=3",
+        "data.max_length=32",
+        f"model.net.weights_dir={files / 'bert'}",
+        *more,
+    ]
+
+
+@pytest.fixture(scope="session")
+def text_run(tmp_path_factory: pytest.TempPathFactory, text_files: Path, data_dir: Path) -> Path:
+    """One finished fine-tuning run of the BERT on the CSV (2 epochs), for the tests that take a run."""
+
+    def train(log_dir: Path) -> None:
+        overrides = text_overrides(text_files, "trainer.max_epochs=2", "run_name=text")
+        result = run_cli("train", *overrides, log_dir=log_dir, data_dir=data_dir)
+        assert result.returncode == 0, result.stderr[-3000:]
+
+    return built_once(tmp_path_factory, "text_run", train) / "train" / "runs" / "text"
+
+
+@pytest.mark.slow
+def test_a_csv_trains_evaluates_and_predicts_with_a_saved_model(
+    text_run: Path, tmp_path: Path, data_dir: Path
+):
+    trained = record(text_run)
+    assert trained["status"] == "completed" and 0 <= trained["final_metrics"]["test/acc"] <= 1
+    log = (text_run / "train.log").read_text()
+    assert "Dynamic padding:" in log and "fewer" in log  # the padding saved, once
+    checkpoint = torch.load(text_run / "checkpoints" / "best.ckpt", map_location="cpu", weights_only=True)
+    assert checkpoint["hyper_parameters"]["class_names"] == ["mixed", "negative", "positive"]  # sorted labels
+
+    evaluated = run_cli("eval", f"run_dir={text_run}", log_dir=tmp_path, data_dir=data_dir)
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    test_acc = last_metrics(only_run_dir(tmp_path, "eval"))["test/acc"]
+    assert test_acc == pytest.approx(trained["final_metrics"]["test/acc"])
+
+    texts = tmp_path / "reviews.txt"
+    texts.write_text("the soup was not bad but the waiter was rude\n\nthe coffee was great\n")
+    table = tmp_path / "reviews.jsonl"
+    table.write_text('{"text": "the view was lovely and the wine was superb", "id": 7}\n')
+    for inputs, count in ((texts, 2), (table, 1)):
+        predicted = run_cli(
+            "predict",
+            f"run_dir={text_run}",
+            f"inputs={inputs}",
+            log_dir=tmp_path / inputs.suffix,
+            data_dir=data_dir,
+        )
+        assert predicted.returncode == 0, predicted.stderr[-3000:]
+        rows = json.loads(
+            (only_run_dir(tmp_path / inputs.suffix, "predict") / "predictions.json").read_text()
+        )
+        assert len(rows) == count and rows[0]["index"] == 0
+        assert rows[0]["predicted_name"] in ("mixed", "negative", "positive")
+        assert sum(t["probability"] for t in rows[0]["top_k"]) == pytest.approx(1.0, abs=1e-5)
+    assert rows[0]["text"] == "the view was lovely and the wine was superb"
+    header = (only_run_dir(tmp_path / ".txt", "predict") / "predictions.csv").read_text().splitlines()[0]
+    assert header == "index,text,predicted,predicted_name,probability,top_k"
+
+
+@pytest.mark.slow
+def test_the_onnx_export_takes_any_batch_and_length_and_brings_its_tokenizer(
+    text_run: Path, tmp_path: Path, data_dir: Path
+):
+    import onnxruntime
+    from transformers import AutoTokenizer
+
+    artifact = tmp_path / "export" / "texts.onnx"
+    exported = run_cli(
+        "export", f"run_dir={text_run}", f"output={artifact}", log_dir=tmp_path, data_dir=data_dir
+    )
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    sidecar = json.loads(artifact.with_name("texts.onnx.json").read_text())
+    assert (
+        sidecar["input"]["names"] == ["input_ids", "attention_mask"] and sidecar["parity"]["max_diff"] <= 1e-5
+    )
+    assert sidecar["class_names"] == ["mixed", "negative", "positive"]
+
+    # The artifact alone, as a user deploys it: its tokenizer beside it, no checkpoint, no transformers model.
+    tokenizer = AutoTokenizer.from_pretrained(str(artifact.parent / sidecar["input"]["tokenizer"]))
+    session = onnxruntime.InferenceSession(str(artifact), providers=["CPUExecutionProvider"])
+    model = load_model(TrainedRun(text_run / "checkpoints" / "best.ckpt", None), TEXT_MODULE)
+    for texts in (
+        ["the food was good"],
+        ["the music was not noisy but the bread was cold", "the menu is fine"],
+    ):
+        batch = tokenizer(texts, padding=True, return_tensors="np", return_token_type_ids=False)
+        logits = session.run(None, dict(batch))[0]
+        with torch.no_grad():
+            expected = model({name: torch.from_numpy(array) for name, array in batch.items()})
+        assert torch.allclose(torch.from_numpy(logits), expected, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_a_lora_checkpoint_is_small_refuses_another_base_and_exports_merged(
+    text_files: Path, text_run: Path, tmp_path: Path, data_dir: Path
+):
+    overrides = text_overrides(text_files, "model.net.lora.r=4", "trainer.max_epochs=1", "run_name=lora")
+    trained = run_cli("train", *overrides, log_dir=tmp_path, data_dir=data_dir)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    lora = run_dir_of(tmp_path, "lora") / "checkpoints"
+    full = (text_run / "checkpoints" / "last.ckpt").stat().st_size
+    assert (lora / "last.ckpt").stat().st_size <= 0.10 * full
+    state = torch.load(lora / "last.ckpt", map_location="cpu", weights_only=True)["state_dict"]
+    assert any("lora_A" in name for name in state) and not any("word_embeddings" in name for name in state)
+
+    # Loading it rebuilds the base from its folder and checks the base's weights by their hash.
+    other = f"+model.net.weights_dir={text_files / 'other_bert'}"  # + : eval's own config has no model
+    refused = run_cli(
+        "eval", f"run_dir={run_dir_of(tmp_path, 'lora')}", other, log_dir=tmp_path, data_dir=data_dir
+    )
+    assert refused.returncode != 0
+    assert f"model.net.weights_dir={text_files / 'other_bert'} has base weights with sha256" in refused.stderr
+    assert "give the base the run was trained with" in refused.stderr
+
+    artifact = tmp_path / "lora.onnx"
+    exported = run_cli(
+        "export",
+        f"run_dir={run_dir_of(tmp_path, 'lora')}",
+        f"output={artifact}",
+        log_dir=tmp_path,
+        data_dir=data_dir,
+    )
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    assert json.loads(artifact.with_name("lora.onnx.json").read_text())["parity"]["max_diff"] <= 1e-5
+
+
+@pytest.mark.slow
+def test_a_text_run_on_two_gloo_ranks_is_one_run(text_files: Path, tmp_path: Path, data_dir: Path):
+    overrides = text_overrides(
+        text_files, "trainer=ddp_sim", "trainer.max_epochs=1", "data.group_by_length=true"
+    )
+    result = run_cli("train", *overrides, log_dir=tmp_path, data_dir=data_dir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = only_run_dir(tmp_path)
+    assert record(run)["status"] == "completed" and record(run)["world_size"] == 2
+    assert "test/acc" in record(run)["final_metrics"]
+
+
+@pytest.mark.slow
+def test_a_text_run_killed_mid_epoch_resumes_to_the_same_weights(
+    text_files: Path, tmp_path: Path, data_dir: Path
+):
+    common = text_overrides(
+        text_files,
+        "data.group_by_length=true",
+        "data.batch_size=16",
+        "trainer.max_epochs=2",
+        "callbacks.last_checkpoint.every_n_train_steps=5",
+    )
+    straight = run_cli("train", *common, "run_name=straight", log_dir=tmp_path, data_dir=data_dir)
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    run = start_cli(
+        "train", *common, "run_name=killed", log_dir=tmp_path, data_dir=data_dir, output=tmp_path / "run.out"
+    )
+    last = run_dir_of(tmp_path, "killed") / "checkpoints" / "last.ckpt"
+
+    def mid_epoch_two() -> bool:  # 30 batches an epoch: step 40 is in the middle of the second
+        return last.exists() and torch.load(last, map_location="cpu", weights_only=True)["global_step"] >= 40
+
+    wait_for(mid_epoch_two, run)
+    run.send_signal(signal.SIGKILL)
+    run.wait()
+    resumed = run_cli("train", *common, "run_name=killed", log_dir=tmp_path, data_dir=data_dir)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    a = weights(run_dir_of(tmp_path, "killed") / "checkpoints" / "last.ckpt")
+    b = weights(run_dir_of(tmp_path, "straight") / "checkpoints" / "last.ckpt")
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) if isinstance(b[k], torch.Tensor) else a[k] == b[k] for k in b)
+    assert record(run_dir_of(tmp_path, "killed"))["resumed"]
+
+
+def test_bad_text_input_fails_in_one_line_naming_the_key_before_training(
+    text_files: Path, tmp_path: Path, data_dir: Path
+):
+    no_model = tmp_path / "not_a_model"
+    no_model.mkdir()
+    cases = [
+        (["data.text_column=review"], "data.text_column=review is not a column of data.train_file="),
+        (
+            [f"model.net.weights_dir={no_model}", f"model.net.tokenizer={text_files / 'bert'}"],
+            f"model.net.weights_dir={no_model} holds no config.json",
+        ),
+        (["model.net.lora.r=4", "model.net.lora.target_modules=[q_proj]"], "q_proj not in the bert model"),
+    ]
+    for overrides, message in cases:
+        result = run_cli(
+            "train", *text_overrides(text_files, *overrides), log_dir=tmp_path, data_dir=data_dir
+        )
+        assert result.returncode != 0 and message in result.stderr, result.stderr[-2000:]
+        assert not (tmp_path / "train" / "runs").exists() or not list(
+            (tmp_path / "train" / "runs").glob("*/checkpoints/*")
+        )
