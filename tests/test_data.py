@@ -141,6 +141,13 @@ def data_writer(option: str) -> Callable[[Path], list[str]] | None:
 
 # The model a data option of another task than classification trains with (the classification options: the MLP).
 MODEL_FOR = {"digit_scenes": ["model=segmenter"], "segmentation_folder": ["model=segmenter"]}
+# part: text
+MODEL_FOR["text_file"] = ["model=text_classifier"]  # from scratch, with the tokenizer write_test_data makes
+MODEL_FOR["example_texts"] = [
+    "model=text_classifier",
+    "model.net.tokenizer=${paths.data_dir}/example_texts/tokenizer",
+]
+# /part
 
 
 @pytest.mark.slow

@@ -37,6 +37,7 @@ NEEDS_SOMETHING = {
     ("data", "image_folder"): "data.image_dir",  # your own images: say where they are
     ("data", "segmentation_folder"): "data.image_dir",  # your own images and masks, likewise
     ("data", "streaming"): "data.input_dir",  # shards: write them first (src/shard.py)  [part: streaming]
+    ("data", "text_file"): "data.train_file",  # your own texts: say where they are  [part: text]
     ("trainer", "fsdp"): "needs CUDA GPUs",
     ("trainer", "deepspeed"): "needs CUDA GPUs",
 }
@@ -69,6 +70,14 @@ def walk(group: str, choices: list[str], *overrides: str, tmp_path: Path, data_d
 # Options walked apart from the group's others, with the overrides a user gives them: a key the group's other
 # options lack, or the data and model of another task than the default classification.
 SEGMENTATION = ["data=digit_scenes", "model=segmenter"]
+# part: text
+# The example texts, and a net from scratch with their tokenizer.
+TEXTS = [
+    "data=example_texts",
+    "model=text_classifier",
+    "model.net.tokenizer=${paths.data_dir}/example_texts/tokenizer",
+]
+# /part
 ALONE = {
     ("logger", "wandb"): ["logger.wandb.offline=true"],  # no wandb login here: offline, as documented
     ("data", "digit_scenes"): ["model=segmenter"],
@@ -76,6 +85,11 @@ ALONE = {
     ("model", "segmenter"): ["data=digit_scenes"],
     ("model/net", "unet"): SEGMENTATION,
     ("model/net", "lraspp"): SEGMENTATION,
+    # part: text
+    ("data", "example_texts"): TEXTS,
+    ("model", "text_classifier"): TEXTS,
+    ("model/net", "hf"): TEXTS,
+    # /part
     # Its pretrained weights are a download (no network here): from scratch, as its comment says to offline.
     ("experiment", "finetune_images"): ["model.net.pretrained=false"],
 }

@@ -3,7 +3,7 @@ saves with save_pretrained (model.net.weights_dir), by overrides alone; eval, pr
 LoRA checkpoints are small, refuse another base and export merged; DDP on 2 gloo ranks; a killed run resumes
 to the same weights; runs without text never import transformers."""
 
-import json
+import json  # [part: predict]
 import signal
 from pathlib import Path
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from src.data.components.example_texts import make_example_texts
-from src.run.trained_run import TrainedRun, load_model
+from src.run.trained_run import TrainedRun, load_model  # [part: predict]
 from tests.conftest import built_once, last_metrics, only_run_dir, run_cli, start_cli
 from tests.test_resume import record, run_dir_of, wait_for, weights
 
@@ -74,9 +74,7 @@ def text_run(tmp_path_factory: pytest.TempPathFactory, text_files: Path, data_di
 
 
 @pytest.mark.slow
-def test_a_csv_trains_evaluates_and_predicts_with_a_saved_model(
-    text_run: Path, tmp_path: Path, data_dir: Path
-):
+def test_a_csv_trains_and_evaluates_with_a_saved_model(text_run: Path, tmp_path: Path, data_dir: Path):
     trained = record(text_run)
     assert trained["status"] == "completed" and 0 <= trained["final_metrics"]["test/acc"] <= 1
     log = (text_run / "train.log").read_text()
@@ -89,6 +87,12 @@ def test_a_csv_trains_evaluates_and_predicts_with_a_saved_model(
     test_acc = last_metrics(only_run_dir(tmp_path, "eval"))["test/acc"]
     assert test_acc == pytest.approx(trained["final_metrics"]["test/acc"])
 
+
+# part: predict
+@pytest.mark.slow
+def test_predictions_on_a_text_file_and_a_table_need_only_the_run(
+    text_run: Path, tmp_path: Path, data_dir: Path
+):
     texts = tmp_path / "reviews.txt"
     texts.write_text("the soup was not bad but the waiter was rude\n\nthe coffee was great\n")
     table = tmp_path / "reviews.jsonl"
@@ -146,6 +150,9 @@ def test_the_onnx_export_takes_any_batch_and_length_and_brings_its_tokenizer(
         assert torch.allclose(torch.from_numpy(logits), expected, atol=1e-5)
 
 
+# /part
+
+
 @pytest.mark.slow
 def test_a_lora_checkpoint_is_small_refuses_another_base_and_exports_merged(
     text_files: Path, text_run: Path, tmp_path: Path, data_dir: Path
@@ -168,6 +175,7 @@ def test_a_lora_checkpoint_is_small_refuses_another_base_and_exports_merged(
     assert f"model.net.weights_dir={text_files / 'other_bert'} has base weights with sha256" in refused.stderr
     assert "give the base the run was trained with" in refused.stderr
 
+    # part: predict
     artifact = tmp_path / "lora.onnx"
     exported = run_cli(
         "export",
@@ -178,6 +186,7 @@ def test_a_lora_checkpoint_is_small_refuses_another_base_and_exports_merged(
     )
     assert exported.returncode == 0, exported.stderr[-3000:]
     assert json.loads(artifact.with_name("lora.onnx.json").read_text())["parity"]["max_diff"] <= 1e-5
+    # /part
 
 
 @pytest.mark.slow

@@ -63,6 +63,15 @@ def write_table(
     return path
 
 
+def write_test_data(data_dir: Path) -> list[str]:
+    """data=text_file for tests that run every data option (tests/test_data.py): 60 texts of two classes and a
+    tokenizer made from them, and the overrides that describe them (the net from scratch takes the tokenizer)."""
+    rows = texts_and_labels(60, ["good", "bad"])
+    make_tokenizer([text for text, _ in rows], data_dir / "tokenizer")
+    texts = write_table(data_dir / "texts.csv", rows)
+    return [f"data.train_file={texts}", f"model.net.tokenizer={data_dir / 'tokenizer'}"]
+
+
 @pytest.fixture(scope="module")
 def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A BERT-style WordPiece tokenizer made here from the test texts (no download)."""
