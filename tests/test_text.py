@@ -3,6 +3,7 @@ saves with save_pretrained (model.net.weights_dir), by overrides alone; eval, pr
 LoRA checkpoints are small, refuse another base and export merged; DDP on 2 gloo ranks; a killed run resumes
 to the same weights; runs without text never import transformers."""
 
+import csv
 import json  # [part: predict]
 import signal
 from pathlib import Path
@@ -199,6 +200,24 @@ def test_a_text_run_on_two_gloo_ranks_is_one_run(text_files: Path, tmp_path: Pat
     run = only_run_dir(tmp_path)
     assert record(run)["status"] == "completed" and record(run)["world_size"] == 2
     assert "test/acc" in record(run)["final_metrics"]
+
+
+@pytest.mark.slow
+def test_a_sweep_over_folds_in_bf16_runs_each_fold(text_files: Path, tmp_path: Path, data_dir: Path):
+    overrides = text_overrides(
+        text_files,
+        "data.num_folds=2",
+        "data.fold=0,1",
+        "trainer.precision=bf16-mixed",
+        "trainer.max_epochs=1",
+    )
+    result = run_cli("train", "-m", *overrides, log_dir=tmp_path, data_dir=data_dir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (sweep,) = (tmp_path / "train" / "multiruns").iterdir()
+    with open(sweep / "summary.csv") as file:
+        rows = list(csv.DictReader(file))
+    assert sorted(row["data.fold"] for row in rows) == ["0", "1"]
+    assert all(row["status"] == "completed" for row in rows)
 
 
 @pytest.mark.slow
