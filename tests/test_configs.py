@@ -238,7 +238,7 @@ def test_empty_tags_are_refused_when_enforced(compose_cfg):
 
 # part: optuna
 @pytest.mark.parametrize("search", options("hparams_search"))
-def test_every_value_of_each_hparams_search_composes_into_a_model(search):
+def test_every_value_of_each_hparams_search_composes_into_a_model(search, data_dir: Path):
     from hydra import compose, initialize_config_dir
     from optuna.distributions import CategoricalDistribution
 
@@ -248,7 +248,7 @@ def test_every_value_of_each_hparams_search_composes_into_a_model(search):
         with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
             return compose("train", overrides=overrides, return_hydra_config=True)
 
-    cfg = compose_train([f"hparams_search={search}"])
+    cfg = compose_train([f"hparams_search={search}", f"paths.data_dir={data_dir}"])
     assert cfg.hydra.sweeper._target_ == f"{OptunaSweeper.__module__}.OptunaSweeper"
     assert cfg.hydra.sweeper.study_name == search
     assert cfg.callbacks.optuna_pruning.monitor == cfg.optimized_metric
@@ -257,7 +257,10 @@ def test_every_value_of_each_hparams_search_composes_into_a_model(search):
     for key, dist in space.distributions.items():  # each choice, and both ends of each interval
         values = dist.choices if isinstance(dist, CategoricalDistribution) else (dist.low, dist.high)
         for value in values:
-            trial_cfg = compose_train([f"hparams_search={search}", space.override(key, value)])
+            trial_cfg = compose_train(
+                [f"hparams_search={search}", f"paths.data_dir={data_dir}", space.override(key, value)]
+            )
+            instantiate(trial_cfg.data, _convert_="all")  # writes what the model may read (the example texts)
             assert isinstance(instantiate(trial_cfg.model), L.LightningModule)
 
 

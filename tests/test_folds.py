@@ -16,6 +16,7 @@ from torch.utils.data import Dataset, Subset, TensorDataset
 from src.data.datamodule import DataModule
 from src.run.preprocessing import follow_the_weights  # [part: folders]
 from tests.conftest import CONFIG_DIR
+from tests.test_data import BUILD_WITH
 
 DIGITS = ["data=digits", "data.loading=samples"]  # samples: the splits stay Subsets, whose indices we compare
 
@@ -151,7 +152,9 @@ DATA_OPTIONS = sorted(p.stem for p in (CONFIG_DIR / "data").glob("*.yaml"))
 @pytest.mark.parametrize("option", DATA_OPTIONS)
 def test_every_data_option_takes_a_fold(compose_cfg, option: str):
     """What each job of `-m data.num_folds=3 data.fold='range(0,3)'` composes."""
-    cfg = compose_cfg("train", [f"data={option}", "data.num_folds=3", "data.fold=2"])
+    cfg = compose_cfg(
+        "train", [f"data={option}", *BUILD_WITH.get(option, []), "data.num_folds=3", "data.fold=2"]
+    )
     assert (cfg.data.num_folds, cfg.data.fold) == (3, 2)
     # part: streaming
     if option == "streaming":  # its shards hold one split: it names how to shard each fold instead
