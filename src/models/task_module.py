@@ -20,10 +20,7 @@ from omegaconf import (
     DictConfig,  # [part: predict]
     OmegaConf,
 )
-from torch import (
-    Tensor,
-    nn,  # [part: predict]
-)
+from torch import Tensor
 from torchmetrics import MaxMetric, MeanMetric, Metric, MetricCollection, MinMetric
 
 from src.common.classes import names_or_indices
@@ -136,7 +133,7 @@ class TaskModule(L.LightningModule):
         """Each input's dynamic axes, as torch.export Dims: the images' batch axis."""
         return {"images": {0: torch.export.Dim("batch", min=1, max=4096)}}
 
-    def export_net(self) -> nn.Module:
+    def export_net(self) -> torch.nn.Module:
         """The module an export writes: it takes the inputs of `export_inputs` positionally, in their order."""
         return self
 

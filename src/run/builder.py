@@ -102,7 +102,8 @@ def instantiate_run(run: Run, trainer: bool) -> None:
         # must load with weights_only=True.
         run.datamodule = instantiate(cfg.data, _convert_="all")
     # Checked on the model's class before it is built: a model for other data names data keys this one lacks.
-    check_same_task(run.model if run.model is not None else get_object(cfg.model._target_), run.datamodule)
+    model_class = type(run.model) if run.model is not None else get_object(cfg.model._target_)
+    check_same_task(model_class, run.datamodule)
     if run.model is None:
         log.info(f"Instantiating model <{cfg.model._target_}>")
         run.model = instantiate(cfg.model)
@@ -116,12 +117,10 @@ def instantiate_run(run: Run, trainer: bool) -> None:
         skip_idle_batch_hooks(run.trainer)
 
 
-def check_same_task(model: L.LightningModule | type, datamodule: L.LightningDataModule | None) -> None:
-    """An error when the data's samples are for another task than the model's (a module or its class), when
-    both say which."""
-    data_task, model_task = getattr(datamodule, "task", None), getattr(model, "task", None)
+def check_same_task(model_class: type, datamodule: L.LightningDataModule | None) -> None:
+    """An error when the data's samples are for another task than the model class's (when both say which)."""
+    data_task, model_task = getattr(datamodule, "task", None), getattr(model_class, "task", None)
     if data_task and model_task and data_task != model_task:
-        model_class = model if isinstance(model, type) else type(model)
         raise ValueError(
             f"the data ({type(datamodule).__name__}) gives {data_task} samples but the model "
             f"({model_class.__name__}) is a {model_task} model; choose a model option for {data_task} "
