@@ -66,8 +66,8 @@ test-fast: install-test  ## run the tests not marked slow
 
 # part: template
 .PHONY: test-parts
-test-parts: install-test  ## the template's generation checks: a project with each choice of parts installs and passes its own tests; copier update
-	$(PY) -m pytest -n 2 --matrix -m matrix tests/test_parts.py tests/test_project.py
+test-parts: install-test  ## the template's own checks: a project with each choice of parts installs and passes its tests; copier update; the benchmarks' smoke runs
+	$(PY) -m pytest -n 2 --matrix -m matrix
 
 # /part
 # part: streaming, folders

@@ -43,7 +43,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--matrix",
         action="store_true",
-        help="also run the tests marked matrix: projects generated with each choice of parts (make test-parts)",
+        help="also run the tests marked matrix: the template maintainers' checks (make test-parts)",
     )
     # /part
 

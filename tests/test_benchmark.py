@@ -37,6 +37,7 @@ def benchmark(*args: str, timeout: int) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
+@pytest.mark.matrix  # a maintainers' check: make test-parts (CI) runs it  [part: template]
 def test_the_benchmark_runs_in_tiny_mode_and_writes_every_figure(tmp_path: Path):
     output = tmp_path / "bench.json"
     result = benchmark("--tiny", "--cases", "mlp", "--output", str(output), timeout=300)

@@ -85,11 +85,7 @@ ALONE = {
     ("model", "segmenter"): ["data=digit_scenes"],
     ("model/net", "unet"): SEGMENTATION,
     ("model/net", "lraspp"): SEGMENTATION,
-    # part: text
-    ("data", "example_texts"): TEXTS,
-    ("model", "text_classifier"): TEXTS,
-    ("model/net", "hf"): TEXTS,
-    # /part
+    ("data", "example_texts"): TEXTS,  # [part: text]
     # Its pretrained weights are a download (no network here): from scratch, as its comment says to offline.
     ("experiment", "finetune_images"): ["model.net.pretrained=false"],
 }
@@ -97,6 +93,10 @@ ALONE = {
 
 # Options that another test runs in full, with more than one batch of each stage: not walked again here.
 RUN_IN_FULL = {("trainer", "ddp_spawn"): "tests/test_ddp.py"}  # two spawned processes, metrics synced
+# part: text
+RUN_IN_FULL[("model", "text_classifier")] = "tests/test_text.py"  # trained, evaluated, resumed, with LoRA
+RUN_IN_FULL[("model/net", "hf")] = "tests/test_text.py"
+# /part
 
 
 def test_the_options_run_in_full_elsewhere_are_run_there():

@@ -528,6 +528,7 @@ def test_shards_in_object_storage_train_through_the_cache_and_bad_urls_fail_nami
 
 # part: folders
 @pytest.mark.slow
+@pytest.mark.matrix  # a maintainers' check: make test-parts (CI) runs it  [part: template]
 def test_the_streaming_benchmark_runs_in_tiny_mode_and_stops_its_s3_server(tmp_path: Path):
     """scripts/benchmark_streaming.py (make bench) end to end on 300 digits: every figure, the first epoch from
     the S3 server fetching the chunks and the second reading them from the cache, and the server gone after.

@@ -51,6 +51,7 @@ def text_overrides(files: Path, *more: str) -> list[str]:
     """A user's own CSV and a save_pretrained folder, by overrides alone (docs/text.md's command)."""
     return [
         "model=text_classifier",
+        "model/net=hf",  # its default: a Hugging Face model
         "data=text_file",
         f"data.train_file={files / 'texts' / 'train.csv'}",
         f"data.test_file={files / 'texts' / 'test.csv'}",
