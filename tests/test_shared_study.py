@@ -16,7 +16,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from hydra_plugins.optuna_sweeper.optuna_sweeper import open_storage
+from hydra_plugins.optuna_sweeper.optuna_sweeper import StudyLock, open_storage
 from tests.conftest import free_port, start_cli
 
 # Short trials, and a heartbeat timeout of seconds instead of minutes.
@@ -51,7 +51,11 @@ class Launch:
 
 
 def study_of(storage: str) -> optuna.Study:
-    return optuna.load_study(study_name="digits_mlp", storage=open_storage(storage))
+    # Under the launches' lock: a launch creates the database's tables under it, and opening the storage
+    # while it does would race at creating them ("table ... already exists").
+    with StudyLock(storage, "digits_mlp"):
+        opened = open_storage(storage)
+    return optuna.load_study(study_name="digits_mlp", storage=opened)
 
 
 def running_trial_of(launch: Launch, storage: str, log_dir: Path, timeout: float = 120) -> int:

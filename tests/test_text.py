@@ -16,6 +16,7 @@ from src.run.trained_run import TrainedRun, load_model  # [part: predict]
 from tests.conftest import built_once, last_metrics, only_run_dir, run_cli, start_cli
 from tests.test_resume import record, run_dir_of, wait_for, weights
 
+LIMITS = [f"+trainer.limit_{stage}_batches=4" for stage in ("train", "val", "test")]  # a few batches suffice
 TEXT_MODULE = "src.models.text_classifier_module.TextClassifierModule"
 SMALL_BERT = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 128}
 
@@ -194,7 +195,7 @@ def test_a_lora_checkpoint_is_small_refuses_another_base_and_exports_merged(
 @pytest.mark.slow
 def test_a_text_run_on_two_gloo_ranks_is_one_run(text_files: Path, tmp_path: Path, data_dir: Path):
     overrides = text_overrides(
-        text_files, "trainer=ddp_sim", "trainer.max_epochs=1", "data.group_by_length=true"
+        text_files, "trainer=ddp_sim", "trainer.max_epochs=1", "data.group_by_length=true", *LIMITS
     )
     result = run_cli("train", *overrides, log_dir=tmp_path, data_dir=data_dir)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -211,6 +212,7 @@ def test_a_sweep_over_folds_in_bf16_runs_each_fold(text_files: Path, tmp_path: P
         "data.fold=0,1",
         "trainer.precision=bf16-mixed",
         "trainer.max_epochs=1",
+        *LIMITS,
     )
     result = run_cli("train", "-m", *overrides, log_dir=tmp_path, data_dir=data_dir)
     assert result.returncode == 0, result.stderr[-3000:]
