@@ -13,6 +13,9 @@ PIP_VERSION := 26.1.2
 # (a test helper of torch's), and transformers' hundreds of model architectures (the text extra): a run
 # imports one or two, which Python compiles when it first imports them.
 COMPILE := $(PY) -c "import compileall, re, sysconfig; compileall.compile_dir(sysconfig.get_path('purelib'), quiet=2, workers=0, rx=re.compile('/transformers/models/'))"
+# The project's own modules as bytecode before the tests run: where PYTHONDONTWRITEBYTECODE is set (the CI
+# machine), Python would otherwise compile them again in each of the suite's few hundred processes.
+COMPILE_SOURCES := $(PY) -m compileall -q $(wildcard src hydra_plugins tests)
 # What `make test` installs on top of the project: every extra of pyproject.toml (the dev tools and every
 # optional integration, which the tests cover).
 TEST_EXTRAS = $(shell sed -n '/^\[project.optional-dependencies\]/,/^\[/s/^\([a-z]*\) = .*/\1/p' pyproject.toml | paste -sd, -)
@@ -59,9 +62,11 @@ train: install  ## train with the default config (offline MNIST digits) and prin
 	$(PY) src/train.py
 
 test: install-test  ## run the whole test suite (what CI runs)
+	$(COMPILE_SOURCES)
 	$(PY) -m pytest -n 2 --dist worksteal
 
 test-fast: install-test  ## run the tests not marked slow
+	$(COMPILE_SOURCES)
 	$(PY) -m pytest -n 2 --dist worksteal -m "not slow"
 
 # part: template
