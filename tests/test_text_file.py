@@ -415,9 +415,11 @@ def test_data_example_texts_builds_itself_and_describes_it(compose_cfg, tmp_path
         1000,
     )
     assert datamodule.hparams.class_names == ["negative", "mixed", "positive"]
+    # part: predict
     assert datamodule.inference_preprocessing() == {
         "kind": "text", "tokenizer": f"{data_dir}/example_texts/tokenizer", "max_length": 64, "text_column": "text",
     }  # fmt: skip
+    # /part
 
 
 def test_the_bag_of_words_baseline_stays_well_below_perfect(data_dir: Path, tmp_path: Path):
