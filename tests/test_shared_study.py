@@ -76,6 +76,22 @@ def running_trial_of(launch: Launch, storage: str, log_dir: Path, timeout: float
     raise AssertionError(f"{launch.log.stem} ran no trial in {timeout} s: {launch.output()[-3000:]}")
 
 
+def stop_in_a_trial(launch: Launch, storage: str, log_dir: Path) -> int:
+    """SIGSTOP `launch` while it runs a trial; return that trial's number.
+
+    A trial of this search takes about a second: the one seen running may have ended before the signal, so
+    the launch is stopped first and the trial looked at again (resumed and retried when it had ended),
+    without the launches' lock, which the stopped launch may hold.
+    """
+    while True:
+        number = running_trial_of(launch, storage, log_dir)
+        launch.signal(signal.SIGSTOP)
+        study = optuna.load_study(study_name="digits_mlp", storage=open_storage(storage))
+        if study.trials[number].state == TrialState.RUNNING:
+            return number
+        launch.signal(signal.SIGCONT)
+
+
 def assert_team_finished(
     storage: str, n_trials: int, launches: list[Launch]
 ) -> list[optuna.trial.FrozenTrial]:
@@ -104,7 +120,7 @@ def test_two_launches_at_once_finish_n_trials_together(kind: str, tmp_path: Path
 def test_a_killed_launch_has_its_trial_failed_and_run_again_by_the_other(tmp_path: Path, data_dir: Path):
     storage = f"sqlite:///{tmp_path}/optuna.db"
     doomed, survivor = (Launch(name, storage, 3, tmp_path, data_dir) for name in ("doomed", "survivor"))
-    cut_off = running_trial_of(doomed, storage, tmp_path)
+    cut_off = stop_in_a_trial(doomed, storage, tmp_path)
     doomed.signal(signal.SIGKILL)
     doomed.process.wait(10)
     output = survivor.wait()
@@ -125,8 +141,7 @@ def test_a_frozen_launch_has_its_trial_failed_after_the_heartbeat_timeout(tmp_pa
     # SIGSTOP: the process exists but beats no more, as a machine that hangs or loses its network.
     storage = f"{tmp_path}/optuna.journal"
     frozen, survivor = (Launch(name, storage, 3, tmp_path, data_dir) for name in ("frozen", "survivor"))
-    cut_off = running_trial_of(frozen, storage, tmp_path)
-    frozen.signal(signal.SIGSTOP)
+    cut_off = stop_in_a_trial(frozen, storage, tmp_path)
     stopped_at = time.time()
     survivor.wait()
 
