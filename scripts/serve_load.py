@@ -1,5 +1,6 @@
 """Load on a served run: N clients send requests one after another for T seconds, first to a server without
-batching, then to one with; prints requests/s and p50/p99 latency of each, and their ratio.
+batching, then to one with (both started at once; the one with waits idle while the first is measured
+and stopped); prints requests/s and p50/p99 latency of each, and their ratio.
 
     python scripts/serve_load.py --run-dir logs/train/runs/<run> --clients 16 --seconds 20
 
@@ -83,34 +84,47 @@ def client(port: int, body: bytes, until: float, latencies: list[float], errors:
     connection.close()
 
 
-def measure(args: argparse.Namespace, body: bytes, batch_size: int, log_dir: Path) -> dict[str, float]:
-    """Start a server with `batch_size`, load it with the clients for args.seconds, stop it."""
-    port = free_port()
-    overrides = [
-        f"run_dir={args.run_dir}",
-        f"port={port}",
-        f"max_batch_size={batch_size}",
-        f"batch_timeout={args.batch_timeout}",
-        f"workers={args.workers}",
-        "accelerator=cpu",
-        "log_level=warning",
-        "extras.print_config=false",
-        f"paths.log_dir={log_dir}",
-    ]
-    log = log_dir / f"server_{batch_size}.log"
-    with open(log, "w") as out:
-        server = subprocess.Popen(
-            [sys.executable, str(ROOT / "src" / "serve.py"), *overrides], stdout=out, stderr=subprocess.STDOUT
-        )
+class Server:
+    """`python src/serve.py run_dir=<run> ...` with max_batch_size=`batch_size`, on a free port."""
+
+    def __init__(self, args: argparse.Namespace, batch_size: int, log_dir: Path) -> None:
+        self.batch_size, self.port = batch_size, free_port()
+        overrides = [
+            f"run_dir={args.run_dir}",
+            f"port={self.port}",
+            f"max_batch_size={batch_size}",
+            f"batch_timeout={args.batch_timeout}",
+            f"workers={args.workers}",
+            "accelerator=cpu",
+            "log_level=warning",
+            "extras.print_config=false",
+            f"paths.log_dir={log_dir}",
+        ]
+        self.log = log_dir / f"server_{batch_size}.log"
+        with open(self.log, "w") as out:
+            self.process = subprocess.Popen(
+                [sys.executable, str(ROOT / "src" / "serve.py"), *overrides],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        self.process.wait(60)
+
+
+def measure(args: argparse.Namespace, body: bytes, server: Server) -> dict[str, float]:
+    """Load the started `server` with the clients for args.seconds, then stop it."""
     try:
-        wait_healthy(port, server, log)
+        wait_healthy(server.port, server.process, server.log)
         warm = time.monotonic() + 1
-        client(port, body, warm, [], [])  # the first requests pay for lazy setup
+        client(server.port, body, warm, [], [])  # the first requests pay for lazy setup
         latencies: list[float] = []
         errors: list[int] = []
         until = time.monotonic() + args.seconds
         threads = [
-            threading.Thread(target=client, args=(port, body, until, latencies, errors))
+            threading.Thread(target=client, args=(server.port, body, until, latencies, errors))
             for _ in range(args.clients)
         ]
         start = time.monotonic()
@@ -120,13 +134,12 @@ def measure(args: argparse.Namespace, body: bytes, batch_size: int, log_dir: Pat
             thread.join()
         elapsed = time.monotonic() - start
     finally:
-        server.send_signal(signal.SIGTERM)
-        server.wait(60)
+        server.stop()
     if not latencies:
-        raise SystemExit(f"no request was answered (errors: {errors[:5]}):\n{log.read_text()[-3000:]}")
+        raise SystemExit(f"no request was answered (errors: {errors[:5]}):\n{server.log.read_text()[-3000:]}")
     cuts = statistics.quantiles(latencies, n=100)
     return {
-        "max_batch_size": batch_size,
+        "max_batch_size": server.batch_size,
         "requests": len(latencies),
         "errors": len(errors),
         "requests_per_sec": len(latencies) / elapsed,
@@ -154,8 +167,14 @@ def main() -> None:
     body = json.dumps({"image": base64.b64encode(image).decode("ascii")}).encode()
 
     with tempfile.TemporaryDirectory() as log_dir:
-        off = measure(args, body, 1, Path(log_dir))
-        on = measure(args, body, args.batch_size, Path(log_dir))
+        # Both start at once (each takes seconds to import and load); the second waits, idle, while the
+        # first is measured and stopped.
+        servers = [Server(args, batch_size, Path(log_dir)) for batch_size in (1, args.batch_size)]
+        try:
+            off, on = (measure(args, body, server) for server in servers)
+        finally:
+            for server in servers:
+                server.stop()
     figures = {
         "settings": {key: str(value) for key, value in vars(args).items()},
         "batching_off": off,
