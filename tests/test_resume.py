@@ -235,6 +235,8 @@ def test_a_run_killed_mid_epoch_resumes_to_the_same_weights_as_an_uninterrupted_
     tmp_path: Path, data_dir: Path
 ):
     common = [*EXACT, "callbacks.last_checkpoint.every_n_train_steps=5", "data.random_shift=1"]
+    # A schedule sized by the run's length, which makes Lightning build the loader before it resumes.
+    common += ["model/scheduler=warmup_cosine", "model.scheduler.warmup_steps=5"]  # [part: pretrained]
     straight = run_cli("train", *common, "run_name=straight", log_dir=tmp_path, data_dir=data_dir)
     assert straight.returncode == 0, straight.stderr[-3000:]
 

@@ -377,20 +377,21 @@ def summary(log_dir: Path) -> list[dict[str, str]]:
 
 # --- exact resume, DDP, the run's length ---
 
-# The digit shards with the MLP, 21 steps an epoch (20 a rank on 2 ranks), every random choice seeded and
+# The digit shards with the MLP, 20 steps an epoch a rank on 2 ranks, every random choice seeded and
 # deterministic.
 EXACT = ["data=streaming", "model/net=mlp", "trainer.max_epochs=2", "trainer.deterministic=true"]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("ranks", [1, 2], ids=["1-rank", "2-ranks"])
-def test_a_run_killed_mid_epoch_resumes_to_the_same_weights(
-    digit_shards: Path, tmp_path: Path, data_dir: Path, ranks: int
+def test_two_ranks_share_out_every_sample_once_and_a_run_killed_mid_epoch_resumes_to_the_same_weights(
+    digit_shards: Path, tmp_path: Path, data_dir: Path
 ):
-    """Killed 7 (8 on 2 ranks) steps into epoch 1, 3 after the checkpoint of step 25, and run again: each rank
-    is given the rest of the epoch the uninterrupted run's rank had (on 2 ranks the checkpoint holds rank 0's
-    loader state alone), and the weights end the same."""
-    common = [*EXACT, f"data.input_dir={digit_shards}", *(["trainer=ddp_sim"] if ranks == 2 else [])]
+    """Two runs on 2 ranks, one killed 8 steps into epoch 1, 3 after the checkpoint of step 25, and run again:
+    each rank is given the rest of the epoch the uninterrupted run's rank had (the checkpoint holds rank 0's
+    loader state alone), and the weights end the same. The uninterrupted run's ranks were given disjoint
+    shares of the epoch, and the run's length was known before it started."""
+    common = [*EXACT, f"data.input_dir={digit_shards}", "trainer=ddp_sim"]
+    common += ["model/scheduler=warmup_cosine", "model.scheduler.warmup_steps=5"]  # [part: pretrained]
     common += [
         "callbacks.last_checkpoint.every_n_train_steps=5",
         "+callbacks.kill._target_=tests.helpers.KillAtStep",
@@ -399,7 +400,7 @@ def test_a_run_killed_mid_epoch_resumes_to_the_same_weights(
         "+callbacks.record.epoch=1",
     ]
     straight = start_cli(
-        "train", *common, "run_name=straight", log_dir=tmp_path, data_dir=data_dir, output=tmp_path / "s.out",
+        "train", *common, log_dir=tmp_path / "straight", data_dir=data_dir, output=tmp_path / "s.out",
         env=WITH_TESTS,
     )  # fmt: skip
     killed = start_cli(
@@ -407,25 +408,36 @@ def test_a_run_killed_mid_epoch_resumes_to_the_same_weights(
         env=WITH_TESTS | {"KILL_AT_STEP": "28"},
     )  # fmt: skip
     assert killed.wait(timeout=300) != 0 and straight.wait(timeout=300) == 0
+    straight_dir = only_run_dir(tmp_path / "straight")
+    whole = [json.loads((straight_dir / "samples" / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    # Each rank 20 batches of 32 (the global 64 split in two): 1280 of the 1297 training digits, none twice.
+    assert [len(rank["seen"]) for rank in whole] == [640, 640]
+    every = Counter(digest(image) for image, _ in stored(digit_shards, "train"))
+    seen = Counter(whole[0]["seen"]) + Counter(whole[1]["seen"])
+    assert not seen - every  # no sample more often than the shards hold it: the ranks' shares are disjoint
+    assert (
+        every.total() - seen.total() == 17 < 2 * 32
+    )  # the remainder drop_last leaves out: under a batch a rank
+    # The run's length was known before it started (from the shards' index), and was its length.
+    checkpoint = load_checkpoint(straight_dir / "checkpoints" / "last.ckpt")
+    assert whole[0]["planned_steps"] == whole[1]["planned_steps"] == checkpoint["global_step"] == 2 * 20
+    assert checkpoint["lr_schedulers"][0]["total_steps"] == 40  # [part: pretrained]
+
     run_dir = tmp_path / "train" / "runs" / "killed"
     assert load_checkpoint(run_dir / "checkpoints" / "last.ckpt")["global_step"] == 25
-
     resumed = run_cli(
         "train", *common, "run_name=killed", log_dir=tmp_path, data_dir=data_dir, env=WITH_TESTS
     )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "Resuming run killed (stopped running)" in resumed.stdout + resumed.stderr
-    if ranks == 2:
-        assert "GLOBAL_RANK: 1, MEMBER: 2/2" in resumed.stdout + resumed.stderr
-    straight_dir = tmp_path / "train" / "runs" / "straight"
-    done = 25 - (21 if ranks == 1 else 20)  # the steps of epoch 1 before the checkpoint
-    for rank in range(ranks):
+    assert "GLOBAL_RANK: 1, MEMBER: 2/2" in resumed.stdout + resumed.stderr
+    done = 25 - 20  # the steps of epoch 1 before the checkpoint
+    for rank in (0, 1):
         after = json.loads((run_dir / "samples" / f"rank{rank}.json").read_text())["seen"]
-        whole = json.loads((straight_dir / "samples" / f"rank{rank}.json").read_text())["seen"]
-        assert len(after) == len(whole) - done * 64 // ranks  # data.batch_size=64, split across ranks
-        assert after == whole[-len(after) :], f"rank {rank} resumed elsewhere in its epoch"
+        assert len(after) == len(whole[rank]["seen"]) - done * 32  # a rank's share of data.batch_size=64
+        assert after == whole[rank]["seen"][-len(after) :], f"rank {rank} resumed elsewhere in its epoch"
     a = load_checkpoint(run_dir / "checkpoints" / "last.ckpt")["state_dict"]
-    b = load_checkpoint(straight_dir / "checkpoints" / "last.ckpt")["state_dict"]
+    b = checkpoint["state_dict"]
     assert all(torch.equal(a[name], b[name]) for name in b)
 
 
@@ -454,36 +466,6 @@ class RecordSamples(L.Callback):
 
 def digest(image: torch.Tensor) -> str:
     return hashlib.sha256(image.cpu().contiguous().numpy().tobytes()).hexdigest()
-
-
-@pytest.mark.slow
-def test_ddp_ranks_share_out_every_sample_once_and_the_run_knows_its_length(
-    digit_shards: Path, tmp_path: Path, data_dir: Path
-):
-    record = [
-        "+callbacks.record._target_=tests.test_streaming.RecordSamples",
-        f"+callbacks.record.folder={tmp_path}",
-    ]
-    schedule = ["model/scheduler=warmup_cosine", "model.scheduler.warmup_steps=5"]  # [part: pretrained]
-    overrides = [*EXACT, f"data.input_dir={digit_shards}", "trainer=ddp_sim", *record]
-    overrides += schedule  # [part: pretrained]
-    result = run_cli("train", *overrides, log_dir=tmp_path, data_dir=data_dir, env=WITH_TESTS)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "GLOBAL_RANK: 1, MEMBER: 2/2" in result.stdout + result.stderr
-    ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
-    # Each rank 20 batches of 32 (the global 64 split in two): 1280 of the 1297 training digits, none twice.
-    assert [len(rank["seen"]) for rank in ranks] == [640, 640]
-    every = Counter(digest(image) for image, _ in stored(digit_shards, "train"))
-    seen = Counter(ranks[0]["seen"]) + Counter(ranks[1]["seen"])
-    assert not seen - every  # no sample more often than the shards hold it: the ranks' shares are disjoint
-    assert (
-        every.total() - seen.total() == 17 < 2 * 32
-    )  # the remainder drop_last leaves out: under a batch a rank
-
-    # The run's length was known before it started (from the shards' index), and was its length.
-    checkpoint = load_checkpoint(only_run_dir(tmp_path) / "checkpoints" / "last.ckpt")
-    assert ranks[0]["planned_steps"] == ranks[1]["planned_steps"] == checkpoint["global_step"] == 2 * 20
-    assert checkpoint["lr_schedulers"][0]["total_steps"] == 40  # [part: pretrained]
 
 
 @pytest.mark.slow

@@ -32,6 +32,12 @@ release breaks it (the weekly CI job against the newest Lightning is there to no
   average in. No public accessor exists (Lightning 2.6): `averaged_model` and `latest_update_step` read
   them, `set_latest_update_step` writes the step. When it breaks: the callback's tests fail; read the new
   attribute names in `weight_averaging.py`.
+- `_combined_loader`, `_combined_loader_states_to_load`, `_load_combined_loader_states` and `_data_fetcher`
+  of the fit loop: `load_pending_loader_states`. A scheduler sized by `trainer.estimated_stepping_batches`
+  (warmup_cosine, OneCycleLR) makes Lightning build the training loader before it restores a checkpoint, and
+  the loader's saved position is then never loaded: a run resumed mid-epoch was given other batches than the
+  uninterrupted run (tests/test_streaming.py). Upstream: Lightning issue #20550 (fixes in PRs #21765 and
+  #21770, open). When it breaks: the attribute error names them; when the fix is released, delete it.
 """
 
 import subprocess
@@ -45,6 +51,15 @@ from lightning.pytorch.strategies.launchers import subprocess_script as pytorch_
 def saves_within_epochs(checkpoint: ModelCheckpoint) -> bool:
     """Whether a ModelCheckpoint also saves every N training steps or after a training time interval."""
     return checkpoint._every_n_train_steps > 0 or checkpoint._train_time_interval is not None
+
+
+def load_pending_loader_states(trainer: object) -> None:
+    """Load the checkpoint's training loader state that Lightning left unloaded (#20550), then start the
+    epoch's iterator again from it, as Lightning's own resume does."""
+    loop = trainer.fit_loop
+    if loop._combined_loader_states_to_load and loop._combined_loader is not None:
+        loop._load_combined_loader_states()
+        iter(loop._data_fetcher)
 
 
 def replace_launcher_functions(

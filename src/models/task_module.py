@@ -24,6 +24,7 @@ from torch import Tensor
 from torchmetrics import MaxMetric, MeanMetric, Metric, MetricCollection, MinMetric
 
 from src.common.classes import names_or_indices
+from src.compat.lightning import load_pending_loader_states
 from src.models import finetuning  # [part: pretrained]
 
 STAGES = ("train", "val", "test")
@@ -260,6 +261,9 @@ class TaskModule(L.LightningModule):
         return [finetuning.FrozenBackbone(epochs)] if epochs else []
 
     # /part
+
+    def on_train_start(self) -> None:
+        load_pending_loader_states(self.trainer)  # a workaround of a Lightning bug: src/compat/lightning.py
 
     def configure_optimizers(self) -> dict[str, Any]:
         parameters = self.trainer.model.parameters()
