@@ -8,14 +8,12 @@ PY := $(VENV)/bin/python
 LOCK ?= requirements.lock
 # The pip that installs them: a new venv's own pip (23.2 with Python 3.11) resolves the lock far slower.
 PIP_VERSION := 26.1.2
-# pip compiles what it installs to bytecode one file at a time. It installs with --no-compile, then this
-# compiles the installed packages on every core, skipping, as pip does, the few files that are not Python 3
-# (a test helper of torch's), and transformers' hundreds of model architectures (the text extra): a run
-# imports one or two, which Python compiles when it first imports them.
-COMPILE := $(PY) -c "import compileall, re, sysconfig; compileall.compile_dir(sysconfig.get_path('purelib'), quiet=2, workers=0, rx=re.compile('/transformers/models/'))"
-# The project's own modules as bytecode before the tests run: where PYTHONDONTWRITEBYTECODE is set (the CI
-# machine), Python would otherwise compile them again in each of the suite's few hundred processes.
-COMPILE_SOURCES := $(PY) -m compileall -q $(wildcard src hydra_plugins tests)
+# Python writes each module's bytecode (__pycache__) the first time a process imports it, and later processes
+# read it. An environment that turns that off (PYTHONDONTWRITEBYTECODE, set in CI images and Dockerfiles) would
+# have every process compile torch and Lightning again (about 7 s each): these commands let Python write it. So
+# pip installs with --no-compile: compiling all it installs would take 40 s, for modules a run mostly never
+# imports.
+unexport PYTHONDONTWRITEBYTECODE
 # What `make test` installs on top of the project: every extra of pyproject.toml (the dev tools and every
 # optional integration, which the tests cover).
 TEST_EXTRAS = $(shell sed -n '/^\[project.optional-dependencies\]/,/^\[/s/^\([a-z]*\) = .*/\1/p' pyproject.toml | paste -sd, -)
@@ -44,14 +42,12 @@ $(STAMP): pyproject.toml requirements.lock $(SETTINGS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet pip==$(PIP_VERSION)
 	$(PY) -m pip install --no-compile -e . $(if $(LOCK),-c $(LOCK))
-	$(COMPILE)
 	touch $@
 
 $(TEST_STAMP): pyproject.toml requirements.lock $(SETTINGS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet pip==$(PIP_VERSION)
 	$(PY) -m pip install --no-compile -e ".[$(TEST_EXTRAS)]" $(if $(LOCK),-c $(LOCK))
-	$(COMPILE)
 	touch $(STAMP) $@
 
 install: $(STAMP)  ## create .venv and install the project with the pinned dependencies (what train needs)
@@ -62,11 +58,9 @@ train: install  ## train with the default config (offline MNIST digits) and prin
 	$(PY) src/train.py
 
 test: install-test  ## run the whole test suite (what CI runs)
-	$(COMPILE_SOURCES)
 	$(PY) -m pytest -n 2 --dist worksteal
 
 test-fast: install-test  ## run the tests not marked slow
-	$(COMPILE_SOURCES)
 	$(PY) -m pytest -n 2 --dist worksteal -m "not slow"
 
 # part: template
