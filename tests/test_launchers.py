@@ -27,12 +27,16 @@ from tests.conftest import (
     start_cli,
     torchrun,
 )
+from tests.test_mlflow import mlflow_runs  # [part: mlflow]
 
 TINY = ["data=digits", "model/net=mlp", "trainer.max_epochs=2"]
 CPU_DDP = ["trainer=ddp", "trainer.accelerator=cpu"]
 # torchrun gives each of several local ranks one thread; the two-node run gets the same, so both launches
 # do the same float operations and must train bit-identical weights.
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
+# The one-node run also logs to MLflow: both ranks open its new store, rank 0 alone logs.
+LOGGERS: list[str] = []
+LOGGERS += ["logger=[csv,mlflow]"]  # [part: mlflow]
 
 
 def weights(run_dir: Path) -> dict[str, torch.Tensor]:
@@ -50,6 +54,7 @@ def test_torchrun_on_one_node_and_on_two_nodes_trains_the_same_model_into_one_ru
         *CPU_DDP,
         "trainer.devices=2",
         *TINY,
+        *LOGGERS,
         launcher=torchrun("--nproc_per_node=2", f"--master_port={free_port()}"),
         env=ONE_THREAD,
         log_dir=one_node,
@@ -58,6 +63,11 @@ def test_torchrun_on_one_node_and_on_two_nodes_trains_the_same_model_into_one_ru
     assert result.returncode == 0, result.stderr[-3000:]
     assert "GLOBAL_RANK: 1, MEMBER: 2/2" in result.stdout + result.stderr
     assert_single_run_dir(only_run_dir(one_node))
+    # part: mlflow
+    _, (run,) = mlflow_runs(one_node, "train")  # both ranks opened the new store; one run, from rank 0
+    assert run.info.status == "FINISHED" and run.data.params["run/world_size"] == "2"
+    assert {"val/acc", "test/acc"} <= set(run.data.metrics)
+    # /part
 
     # Two "nodes" on localhost, one process each: torchrun --nnodes=2 --node_rank=0|1 ...
     two_nodes = tmp_path / "two_nodes"

@@ -1,5 +1,5 @@
-"""The MLflow logger: sweep jobs and torchrun's ranks share one SQLite store, each run with its params,
-metrics and pictures; without its extra it names the extra."""
+"""The MLflow logger: sweep jobs and torchrun's ranks (tests/test_launchers.py) share one SQLite store, each
+run with its params, metrics and pictures; without its extra it names the extra."""
 
 import re
 import sys
@@ -12,7 +12,7 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 
 from tests import cli_server
-from tests.conftest import ROOT, cli_env, free_port, last_metrics, run_cli, torchrun
+from tests.conftest import ROOT, cli_env, last_metrics, run_cli
 
 DIGITS_MLP = ["data=digits", "model/net=mlp", "trainer.max_epochs=2"]
 
@@ -94,25 +94,6 @@ def test_processes_that_open_a_new_mlflow_store_at_once_all_log(tmp_path: Path):
         assert process.wait(120) == 0, outputs(n)[1].read_text()[-3000:]
     _, runs = mlflow_runs(tmp_path, "train")
     assert sorted(run.data.metrics["val/acc"] for run in runs) == [0.0, 1.0]
-
-
-@pytest.mark.slow
-def test_torchrun_ranks_share_the_mlflow_store_and_only_rank_zero_logs(tmp_path: Path, data_dir: Path):
-    result = run_cli(
-        "train",
-        "trainer=ddp",
-        "trainer.accelerator=cpu",
-        "trainer.devices=2",
-        *DIGITS_MLP,
-        "logger=mlflow",
-        launcher=torchrun("--nproc_per_node=2", f"--master_port={free_port()}"),
-        log_dir=tmp_path,
-        data_dir=data_dir,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    _, (run,) = mlflow_runs(tmp_path, "train")  # both ranks opened the new store; one run, from rank 0
-    assert run.info.status == "FINISHED" and run.data.params["run/world_size"] == "2"
-    assert {"val/acc", "test/acc"} <= set(run.data.metrics)
 
 
 def test_mlflow_without_its_extra_names_the_extra(compose_cfg, monkeypatch: pytest.MonkeyPatch):
