@@ -140,7 +140,9 @@ def data_writer(option: str) -> Callable[[Path], list[str]] | None:
 
 
 # The model a data option of another task than classification trains with (the classification options: the MLP).
-MODEL_FOR = {"digit_scenes": ["model=segmenter"], "segmentation_folder": ["model=segmenter"]}
+# (the U-Net at its smallest: what is checked here is the data option, not the net)
+SMALL_SEGMENTER = ["model=segmenter", "model.net.channels=[4,8]"]
+MODEL_FOR = {"digit_scenes": SMALL_SEGMENTER, "segmentation_folder": SMALL_SEGMENTER}
 # part: text
 MODEL_FOR["text_file"] = ["model=text_classifier"]  # from scratch, with the tokenizer write_test_data makes
 MODEL_FOR["example_texts"] = [
