@@ -130,6 +130,8 @@ def test_a_subclass_with_only_load_datasets_trains_tests_and_checkpoints(trained
         trained / "checkpoints" / "last.ckpt"
     ).is_file()
     checkpoint = torch.load(trained / "checkpoints" / "best.ckpt", weights_only=True)
+    assert checkpoint["datamodule_hyper_parameters"] is not None
+    # part: predict
     # Only the subclass knows how its tensors were made: the checkpoint says so instead of guessing.
     assert checkpoint["hyper_parameters"]["preprocessing"] == {
         "datamodule": "stripes.StripesDataModule",
@@ -137,6 +139,7 @@ def test_a_subclass_with_only_load_datasets_trains_tests_and_checkpoints(trained
         "image_mode": None,
         "transform": None,
     }
+    # /part
 
 
 @pytest.mark.slow

@@ -98,7 +98,9 @@ def test_train_then_eval_gives_the_same_test_accuracy(digits_run: Path, tmp_path
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     eval_dir = only_run_dir(tmp_path, "eval")
     assert last_metrics(eval_dir)["test/acc"] == pytest.approx(trained["test/acc"])
+    # part: diagnostics
     assert (eval_dir / "pictures" / "test_confusion_matrix.png").exists()  # eval draws the test pictures
+    # /part
     assert json.loads((eval_dir / "run.json").read_text())["status"] == "completed"
 
 
