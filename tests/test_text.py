@@ -256,6 +256,7 @@ def test_a_text_run_killed_mid_epoch_resumes_to_the_same_weights(
     assert record(run_dir_of(tmp_path, "killed"))["resumed"]
 
 
+@pytest.mark.slow
 def test_bad_text_input_fails_in_one_line_naming_the_key_before_training(
     text_files: Path, tmp_path: Path, data_dir: Path
 ):

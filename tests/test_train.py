@@ -234,6 +234,7 @@ OPTIONAL_IMPORTS += ["peft", "pyarrow", "transformers.models.bert"]
 # /part
 
 
+@pytest.mark.slow
 def test_help_config_printing_and_the_default_run_import_no_optional_package(tmp_path: Path, data_dir: Path):
     for overrides in (["--help"], ["--cfg", "job", "logger=wandb"], ["debug=fdr"]):
         command = cli_command("train", *overrides, log_dir=tmp_path, data_dir=data_dir)
