@@ -34,9 +34,11 @@ CPU_DDP = ["trainer=ddp", "trainer.accelerator=cpu"]
 # torchrun gives each of several local ranks one thread; the two-node run gets the same, so both launches
 # do the same float operations and must train bit-identical weights.
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
+LOGGERS: list[str] = []  # of the one-node run
+# part: mlflow
 # The one-node run also logs to MLflow: both ranks open its new store, rank 0 alone logs.
-LOGGERS: list[str] = []
-LOGGERS += ["logger=[csv,mlflow]"]  # [part: mlflow]
+LOGGERS += ["logger=[csv,mlflow]"]
+# /part
 
 
 def weights(run_dir: Path) -> dict[str, torch.Tensor]:

@@ -34,10 +34,11 @@ release breaks it (the weekly CI job against the newest Lightning is there to no
   attribute names in `weight_averaging.py`.
 - `_combined_loader`, `_combined_loader_states_to_load`, `_load_combined_loader_states` and `_data_fetcher`
   of the fit loop: `load_pending_loader_states`. A scheduler sized by `trainer.estimated_stepping_batches`
-  (warmup_cosine, OneCycleLR) makes Lightning build the training loader before it restores a checkpoint, and
-  the loader's saved position is then never loaded: a run resumed mid-epoch was given other batches than the
-  uninterrupted run (tests/test_streaming.py). Upstream: Lightning issue #20550 (fixes in PRs #21765 and
-  #21770, open). When it breaks: the attribute error names them; when the fix is released, delete it.
+  (`model.scheduler.total_steps: null`, as OneCycleLR needs) makes Lightning build the training loader before
+  it restores a checkpoint, and the loader's saved position is then never loaded: a run resumed mid-epoch was
+  given other batches than the uninterrupted run (tests/test_resume.py). Upstream: Lightning issue #20550
+  (fixes in PRs #21765 and #21770, open). When it breaks: the attribute error names them; when the fix is
+  released, delete it.
 """
 
 import subprocess
