@@ -53,30 +53,15 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Each test process's share starts with its slow tests: `pytest -n 2 --dist worksteal` gives each process
-    one contiguous part of this list and lets an idle one take tests from the end of another's, so the quick
-    ones fill in at the end instead of one long test running alone after all the others. The files of slow
-    tests are dealt out whole (their module fixtures are built once), each to the share with fewest yet."""
+    """The slow tests first, each file's in their order: with `pytest -n 2` the longest ones start early and
+    the quick ones fill in at the end, instead of one long test running alone after all the others."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
     # part: template
     if not config.getoption("--matrix"):  # the generation matrix runs only when asked for
         matrix = [item for item in items if item.get_closest_marker("matrix")]
         config.hook.pytest_deselected(items=matrix)
         items[:] = [item for item in items if not item.get_closest_marker("matrix")]
     # /part
-    shares = [[] for _ in range(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 1)))]
-    slow_files: dict[str, list[pytest.Item]] = {}
-    for item in items:
-        if item.get_closest_marker("slow"):
-            slow_files.setdefault(item.nodeid.split("::")[0], []).append(item)
-    for tests in sorted(slow_files.values(), key=len, reverse=True):
-        min(shares, key=len).extend(tests)
-    quick = [item for item in items if not item.get_closest_marker("slow")]
-    per_share = -(-len(items) // len(shares))  # what worksteal gives each process at the start
-    for share in shares:
-        room = max(0, per_share - len(share))
-        share.extend(quick[:room])
-        quick = quick[room:]
-    items[:] = [item for share in shares for item in share] + quick
 
 
 def built_once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], None]) -> Path:
