@@ -1,8 +1,10 @@
 """Every option of every config group runs, on a fresh install, as a user runs it: `python src/train.py
 -m debug=fdr <group>=<each option>` (one batch of each stage per option; one process per group, so the
-imports are paid once). The data options train in tests/test_data.py; here, those that need something first. Loggers walk with debug=limit instead: fast_dev_run swaps every logger for a dummy,
-which would hide a logger that fails at its first write (as MLflow's file store did). An option that needs something first (a GPU, a download, a login, its own data)
-fails with a message that says what; the test lists those with the words they must say.
+imports are paid once). The data options train in tests/test_data.py; here, those that need something first.
+Loggers walk with debug=limit instead: fast_dev_run swaps every logger for a dummy, which would hide a logger
+that fails at its first write (as MLflow's file store did). An option that needs something first (a GPU, a
+download, a login, its own data) fails with a message that says what; the test lists those with the words
+they must say.
 
 A new YAML file in a group is picked up by itself: it must run, or be listed below with its message.
 `extras` and `paths` have one option each, `default`, which every run here uses.

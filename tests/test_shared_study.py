@@ -50,9 +50,11 @@ class Launch:
         os.kill(self.process.pid, number)
 
 
-def study_of(storage: str) -> optuna.Study:
+def study_of(storage: str, locked: bool = True) -> optuna.Study:
     # Under the launches' lock: a launch creates the database's tables under it, and opening the storage
-    # while it does would race at creating them ("table ... already exists").
+    # while it does would race at creating them ("table ... already exists"). Unlocked once they exist.
+    if not locked:
+        return optuna.load_study(study_name="digits_mlp", storage=open_storage(storage))
     with StudyLock(storage, "digits_mlp"):
         opened = open_storage(storage)
     return optuna.load_study(study_name="digits_mlp", storage=opened)
@@ -86,8 +88,7 @@ def stop_in_a_trial(launch: Launch, storage: str, log_dir: Path) -> int:
     while True:
         number = running_trial_of(launch, storage, log_dir)
         launch.signal(signal.SIGSTOP)
-        study = optuna.load_study(study_name="digits_mlp", storage=open_storage(storage))
-        if study.trials[number].state == TrialState.RUNNING:
+        if study_of(storage, locked=False).trials[number].state == TrialState.RUNNING:
             return number
         launch.signal(signal.SIGCONT)
 
