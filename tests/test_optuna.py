@@ -233,14 +233,17 @@ def test_the_pruner_stops_a_hopeless_trial_after_its_first_epoch(tmp_path: Path,
 
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), None])
-def test_a_trial_whose_metric_is_not_a_finite_number_is_failed(value):
+def test_a_trial_whose_metric_is_not_a_finite_number_is_failed(value, tmp_path: Path):
     from hydra.core.utils import JobReturn, JobStatus
 
-    from hydra_plugins.optuna_sweeper.optuna_sweeper import _tell
+    from hydra_plugins.optuna_sweeper.optuna_sweeper import StudyLock, result_of, tell
 
-    study = optuna.create_study(direction="maximize")
+    storage = f"sqlite:///{tmp_path}/optuna.db"
+    study = optuna.create_study(study_name="study", storage=storage, direction="maximize")
     trial = study.ask()
-    assert _tell(study, trial, JobReturn(status=JobStatus.COMPLETED, _return_value=value)) == TrialState.FAIL
+    job = JobReturn(status=JobStatus.COMPLETED)
+    job.return_value = value
+    assert tell(study, trial, result_of(job), StudyLock(storage, "study")) == TrialState.FAIL
     assert (
         study.trials[0].user_attrs["error"]
         == f"ValueError: the task returned {value!r}, not a finite optimized_metric"

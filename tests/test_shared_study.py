@@ -6,34 +6,37 @@ import getpass
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import optuna
 import pytest
 from optuna.trial import TrialState
 
-from hydra_plugins.optuna_sweeper.optuna_sweeper import StudyLock, open_storage
+from hydra_plugins.optuna_sweeper.optuna_sweeper import HEARTBEAT, Heartbeat, StudyLock, open_storage, tell
 from tests.conftest import free_port, start_cli
 
-# Short trials, and a heartbeat timeout of seconds instead of minutes.
-SEARCH = [
-    "-m",
-    "hparams_search=digits_mlp",
-    "trainer.max_epochs=1",
-    "hydra.sweeper.heartbeat_interval=0.5",
-    "hydra.sweeper.grace_period=3",
-]
+# Short trials, and heartbeats every half second (a launch waiting for others' trials looks that often).
+SEARCH = ["-m", "hparams_search=digits_mlp", "trainer.max_epochs=1", "hydra.sweeper.heartbeat_interval=0.5"]
 
 
 class Launch:
     """`python src/train.py -m hparams_search=digits_mlp ...` started in the background."""
 
-    def __init__(self, name: str, storage: str, n_trials: int, log_dir: Path, data_dir: Path) -> None:
-        overrides = [*SEARCH, f"hydra.sweeper.n_trials={n_trials}", f"hydra.sweeper.storage={storage}"]
+    def __init__(
+        self, name: str, storage: str, n_trials: int, log_dir: Path, data_dir: Path, *overrides: str
+    ) -> None:
+        overrides = (
+            *SEARCH,
+            f"hydra.sweeper.n_trials={n_trials}",
+            f"hydra.sweeper.storage={storage}",
+            *overrides,
+        )
         self.log = log_dir / f"{name}.out"
         self.process = start_cli("train", *overrides, log_dir=log_dir, data_dir=data_dir, output=self.log)
 
@@ -141,7 +144,12 @@ def test_a_killed_launch_has_its_trial_failed_and_run_again_by_the_other(tmp_pat
 def test_a_frozen_launch_has_its_trial_failed_after_the_heartbeat_timeout(tmp_path: Path, data_dir: Path):
     # SIGSTOP: the process exists but beats no more, as a machine that hangs or loses its network.
     storage = f"{tmp_path}/optuna.journal"
-    frozen, survivor = (Launch(name, storage, 3, tmp_path, data_dir) for name in ("frozen", "survivor"))
+    # A heartbeat timeout of seconds instead of minutes; the other tests keep the default, so that a launch
+    # the busy CI machine starves of CPU for a few seconds is not taken for a dead one.
+    frozen, survivor = (
+        Launch(name, storage, 3, tmp_path, data_dir, "hydra.sweeper.grace_period=3")
+        for name in ("frozen", "survivor")
+    )
     cut_off = stop_in_a_trial(frozen, storage, tmp_path)
     stopped_at = time.time()
     survivor.wait()
@@ -162,6 +170,30 @@ def test_a_frozen_launch_has_its_trial_failed_after_the_heartbeat_timeout(tmp_pa
     output = frozen.wait()
     assert f"Trial {cut_off} was failed by another launch while it ran here" in output
     assert study_of(storage).trials[cut_off].state == TrialState.FAIL
+
+
+def test_a_result_told_while_another_launch_fails_its_trial_as_stale_is_dropped(tmp_path: Path):
+    # Optuna checks that a trial still runs, then updates it; on SQLite (no row locks) a failure written
+    # between the two was overwritten by the result, and the study counted the trial and its rerun both
+    # (seen in CI: 4 of n_trials=3 completed). A result waits for the lock under which launches fail trials.
+    storage = f"sqlite:///{tmp_path}/optuna.db"
+    opened = open_storage(storage)
+    study = optuna.create_study(study_name="digits_mlp", storage=opened)
+    trial = study.ask()
+    ended = subprocess.Popen(["true"])  # the trial's launch, a process that has ended
+    ended.wait()
+    trial_id = opened.get_trial_id_from_study_id_trial_number(opened.get_study_id_from_name("digits_mlp"), 0)
+    opened.set_trial_system_attr(trial_id, HEARTBEAT, {"host": socket.gethostname(), "pid": ended.pid})
+    its_launch, other_launch = StudyLock(storage, "digits_mlp"), StudyLock(storage, "digits_mlp")
+    heart = Heartbeat(study, opened, other_launch, interval=1, grace_period=3, retries=1)
+
+    with ThreadPoolExecutor(1) as pool, other_launch:
+        told = pool.submit(tell, study, trial, 0.9, its_launch)
+        time.sleep(1)
+        assert not told.done(), "the result was told without the launches' lock"
+        heart.fail_stale_trials()
+    assert told.result() is None  # dropped: a rerun takes the trial's place
+    assert [t.state for t in study.trials] == [TrialState.FAIL, TrialState.WAITING]
 
 
 # --- PostgreSQL: a real server, started for the test in a temporary folder ---

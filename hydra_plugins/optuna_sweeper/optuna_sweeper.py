@@ -252,7 +252,7 @@ class OptunaSweeper(Sweeper):
                 ]
                 for trial, trial_overrides in zip(trials, overrides, strict=True):
                     trial.set_user_attr("overrides", trial_overrides)  # to rerun any trial by hand
-                for trial, state in zip(trials, self._run(study, trials, overrides), strict=True):
+                for trial, state in zip(trials, self._run(study, trials, overrides, lock), strict=True):
                     heart.stop_beating(trial)
                     if state is None:  # failed meanwhile by another launch, which runs it again
                         continue
@@ -324,7 +324,9 @@ class OptunaSweeper(Sweeper):
                 "its new trials may not compare with the earlier ones"
             )
 
-    def _run(self, study: optuna.Study, trials: list[optuna.Trial], overrides: list[list[str]]) -> list[Any]:
+    def _run(
+        self, study: optuna.Study, trials: list[optuna.Trial], overrides: list[list[str]], lock: StudyLock
+    ) -> list[Any]:
         """Launch the trials as Hydra jobs numbered like the trials; tell Optuna how each ended."""
         from optuna.trial import TrialState
 
@@ -335,7 +337,7 @@ class OptunaSweeper(Sweeper):
                 self.validate_batch_is_legal([trial_overrides])
                 runnable.append((trial, trial_overrides))
             except Exception as err:
-                states[trial.number] = _fail(study, trial, err)
+                states[trial.number] = tell(study, trial, err, lock)
         # Job number = trial number: a job finds its trial by it. One launch per run of consecutive numbers.
         for group in _consecutive(runnable):
             first = group[0][0].number
@@ -343,10 +345,10 @@ class OptunaSweeper(Sweeper):
                 returns = self.launcher.launch([o for _, o in group], initial_job_idx=first)
             except Exception as err:  # the launcher itself failed (e.g. a cluster job was killed)
                 for trial, _ in group:
-                    states[trial.number] = _fail(study, trial, err)
+                    states[trial.number] = tell(study, trial, err, lock)
                 continue
             for (trial, _), job_return in zip(group, returns, strict=True):
-                states[trial.number] = _tell(study, trial, job_return)
+                states[trial.number] = tell(study, trial, result_of(job_return), lock)
         return [states[trial.number] for trial in trials]
 
     def _report_best(self, study: optuna.Study) -> None:
@@ -385,33 +387,40 @@ def current_trial() -> optuna.Trial | None:
 _TARGET = f"{OptunaSweeper.__module__}.{OptunaSweeper.__qualname__}"
 
 
-def _tell(study: optuna.Study, trial: optuna.Trial, job_return: JobReturn) -> Any:
+def result_of(job_return: JobReturn) -> float | BaseException:
+    """What a trial's job gives the study: its finite optimized_metric, or the error that ended it (Optuna's
+    TrialPruned when it was pruned)."""
+    if job_return.status != JobStatus.COMPLETED:
+        return job_error(job_return)
+    value = job_return.return_value
+    if not isinstance(value, int | float) or not math.isfinite(value):
+        return ValueError(f"the task returned {value!r}, not a finite optimized_metric")
+    return float(value)
+
+
+def tell(study: optuna.Study, trial: optuna.Trial, result: float | BaseException, lock: StudyLock) -> Any:
+    """Tell the study how this launch's trial ended; return its state, or None when another launch failed it
+    meanwhile (see `_failed_meanwhile`).
+
+    Under the study lock, under which another launch fails a stale trial: Optuna checks that a trial still
+    runs and then updates it, and on SQLite (no row locks) a failure written between the two was overwritten
+    by the result, so the study counted the trial and its rerun both (n_trials + 1 completed).
+    """
     import optuna
     from optuna.trial import TrialState
 
-    if _failed_meanwhile(study, trial):
-        return None
-    if job_return.status != JobStatus.COMPLETED:
-        error = job_error(job_return)
-        if isinstance(error, optuna.TrialPruned):
+    with lock:
+        if _failed_meanwhile(study, trial):
+            return None
+        if isinstance(result, optuna.TrialPruned):
             study.tell(trial, state=TrialState.PRUNED)
             return TrialState.PRUNED
-        return _fail(study, trial, error)
-    value = job_return.return_value
-    if not isinstance(value, int | float) or not math.isfinite(value):
-        return _fail(study, trial, ValueError(f"the task returned {value!r}, not a finite optimized_metric"))
-    study.tell(trial, float(value))
-    return TrialState.COMPLETE
-
-
-def _fail(study: optuna.Study, trial: optuna.Trial, error: BaseException) -> Any:
-    from optuna.trial import TrialState
-
-    if _failed_meanwhile(study, trial):
-        return None
-    trial.set_user_attr("error", describe_error(error))
-    study.tell(trial, state=TrialState.FAIL)
-    return TrialState.FAIL
+        if isinstance(result, BaseException):
+            trial.set_user_attr("error", describe_error(result))
+            study.tell(trial, state=TrialState.FAIL)
+            return TrialState.FAIL
+        study.tell(trial, result)
+        return TrialState.COMPLETE
 
 
 def _outcome(study: optuna.Study, number: int, failed_only: bool = False) -> str:
@@ -425,7 +434,7 @@ def _outcome(study: optuna.Study, number: int, failed_only: bool = False) -> str
 def _failed_meanwhile(study: optuna.Study, trial: optuna.Trial) -> bool:
     """Whether another launch failed this trial as stale while it ran here (this launch stopped beating for
     longer than grace_period, e.g. it was suspended): its result is dropped, since a rerun took its place, and
-    it is neither this launch's failure nor its success (`_tell` and `_fail` return None for it)."""
+    it is neither this launch's failure nor its success (`tell` returns None for it)."""
     from optuna.trial import TrialState
 
     state = study.get_trials(deepcopy=False)[trial.number].state
@@ -490,8 +499,8 @@ def _local_file(storage: str) -> Path | None:
 
 
 class StudyLock:
-    """Held while a launch counts the study's trials and asks for new ones, so that launches running at once
-    never take more than n_trials together; reentered for every such step. The system releases it when its
+    """Held while a launch counts the study's trials and asks for new ones (so that launches running at once
+    never take more than n_trials together), fails stale trials, or tells a result; reentered for each step. The system releases it when its
     holder dies: SQLite, a lock on the file `<database>.lock`; PostgreSQL and MySQL, an advisory lock of the
     connection. A journal file's lock is a file that is broken 30 s after its holder died (Optuna's lock for
     shared file systems)."""
