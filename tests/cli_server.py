@@ -137,12 +137,17 @@ def serve() -> None:
     background: dict[int, str] = {}
 
     def reap(*_: object) -> None:
+        # A SIGCHLD can interrupt a reap with another one, which finds a child the first one has just waited
+        # for (ChildProcessError) and leaves it to the first; the first skips those the second waited for.
         for pid, path in list(background.items()):
-            done, status = os.waitpid(pid, os.WNOHANG)
+            try:
+                done, status = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                continue
             if done:
                 Path(f"{path}.tmp").write_text(str(os.waitstatus_to_exitcode(status)))
                 os.replace(f"{path}.tmp", path)
-                del background[pid]
+                background.pop(pid, None)
 
     signal.signal(signal.SIGCHLD, reap)
     print(json.dumps({"ready": True}), file=answers, flush=True)
@@ -212,6 +217,15 @@ class Client:
             line += chunk
         return json.loads(line)
 
+    def _send(self, request: dict) -> dict:
+        """Send a request; the server's first answer ({} when the server is gone)."""
+        try:
+            self.process.stdin.write(json.dumps(request).encode() + b"\n")
+            self.process.stdin.flush()
+        except BrokenPipeError:
+            return {}
+        return self._read()
+
     def _start(self) -> bool:
         if self.process is None and self.enabled:
             self.env = dict(os.environ)
@@ -229,7 +243,10 @@ class Client:
 
     def stop(self) -> None:
         if self.process is not None:
-            self.process.stdin.close()
+            try:
+                self.process.stdin.close()
+            except BrokenPipeError:  # it is gone already
+                pass
             self.process.wait()
             self.process = None
 
@@ -250,11 +267,7 @@ class Client:
                 "stdout": str(stdout),
                 "stderr": str(stderr),
             }
-            self.process.stdin.write(
-                json.dumps(request | {"background": True, "returncode": str(returncode)}).encode() + b"\n"
-            )
-            self.process.stdin.flush()
-            started = self._read()
+            started = self._send(request | {"background": True, "returncode": str(returncode)})
             if "pid" not in started:
                 self.enabled = False
                 self.process = None
@@ -280,9 +293,7 @@ class Client:
             with tempfile.TemporaryDirectory() as out:
                 files = {"stdout": f"{out}/stdout", "stderr": f"{out}/stderr"}
                 request = {"argv": argv, "cwd": str(cwd), "env": env, **files}
-                self.process.stdin.write(json.dumps(request).encode() + b"\n")
-                self.process.stdin.flush()
-                started = self._read()
+                started = self._send(request)
                 if "pid" not in started:  # the server is gone: this command runs fresh, and the next ones
                     self.enabled = False
                     self.process = None
