@@ -586,56 +586,29 @@ def test_the_example_script_writes_a_label_file_folder_and_refuses_to_overwrite(
 
 
 @pytest.mark.slow
-def test_the_image_folder_experiment_writes_its_images_on_first_use(tmp_path: Path, data_dir: Path):
+def test_the_image_folder_example_writes_its_images_on_first_use_and_trains_to_90_percent(
+    tmp_path: Path, data_dir: Path
+):
     data = tmp_path / "data"  # a data dir without the example folder, as on a fresh clone
     cache = Path("mnist5k") / "mnist_5k.npz"
     load_mnist5k(data_dir / cache)  # the parsed digits, which any earlier run would have cached
     shutil.copytree(data_dir / cache.parent, data / cache.parent)
-    limits = ["trainer.limit_train_batches=2", "trainer.limit_val_batches=1", "trainer.limit_test_batches=1"]
+    # One of the example's 3 epochs (93 % test accuracy; 97 % after 3): the folder's images reach the net as
+    # the digits they are.
     result = run_cli(
-        "train",
-        "experiment=mnist_images",
-        "trainer.max_epochs=1",
-        *limits,
-        log_dir=tmp_path / "logs",
-        data_dir=data,
+        "train", "experiment=mnist_images", "trainer.max_epochs=1", log_dir=tmp_path / "logs", data_dir=data
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert sorted(p.name for p in data.iterdir()) == ["mnist5k", "mnist_images"]  # nothing half-written left
     assert len(list((data / "mnist_images" / "images").glob("*.png"))) == 5000
     assert len((data / "mnist_images" / "test.csv").read_text().splitlines()) == 501  # a header and 500
     run_dir = only_run_dir(tmp_path / "logs")
-    assert json.loads((run_dir / "class_names.json").read_text())[:3] == ["zero", "one", "two"]
-    assert "test/acc" in last_metrics(run_dir)
-
-
-@pytest.mark.slow
-def test_the_image_folder_example_trains_to_90_percent_and_its_checkpoint_knows_the_classes(
-    tmp_path: Path, data_dir: Path
-):
-    result = run_cli(  # writes the example folder first, as a user's first run does
-        "train", "experiment=mnist_images", log_dir=tmp_path / "logs", data_dir=tmp_path / "data", timeout=600
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    run_dir = only_run_dir(tmp_path / "logs")
     assert last_metrics(run_dir)["test/acc"] >= 0.90
+    assert json.loads((run_dir / "class_names.json").read_text())[:3] == ["zero", "one", "two"]
     checkpoint = torch.load(run_dir / "checkpoints" / "best.ckpt", weights_only=True)  # plain data only
     datamodule = checkpoint["datamodule_hyper_parameters"]
-    assert datamodule["class_names"] == [
-        "zero",
-        "one",
-        "two",
-        "three",
-        "four",
-        "five",
-        "six",
-        "seven",
-        "eight",
-        "nine",
-    ]
-    assert (
-        datamodule["transforms"]["val"]["_target_"] == "torchvision.transforms.v2.Compose"
-    )  # the preprocessing
+    assert datamodule["class_names"] == CLASS_NAMES
+    assert datamodule["transforms"]["val"]["_target_"] == "torchvision.transforms.v2.Compose"  # preprocessing
 
 
 # --- preprocessing that follows a pretrained net's weights (README, "Pretrained backbones") ---
