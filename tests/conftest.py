@@ -196,14 +196,30 @@ def run_cli(
     """Run `python src/<script>.py overrides...` as a user would; return the completed process.
 
     `launcher` goes between python and the script, e.g. `["-m", "torch.distributed.run", ...]` for torchrun;
-    `env` is added to the user's environment (see cli_env). A command without a launcher starts from the fork server (tests/cli_server.py), else as a fresh process.
+    `env` is added to the user's environment (see cli_env). A command without a launcher starts from the fork
+    server (run_python), else as a fresh process.
     """
     command = cli_command(script, *overrides, log_dir=log_dir, data_dir=data_dir, launcher=launcher)
-    full_env = cli_env(**(env or {}))
     if not launcher:
-        done = cli_server.CLIENT.run(command[1:], cwd=cwd, env=full_env, timeout=timeout)
-        if done is not None:
-            return done
+        return run_python(*command[1:], cwd=cwd, env=env, timeout=timeout)
+    full_env = cli_env(**(env or {}))
+    return subprocess.run(command, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
+
+
+def run_python(
+    script: str | Path,
+    *args: str,
+    cwd: Path = ROOT,
+    env: dict[str, str | None] | None = None,
+    timeout: int = 300,
+) -> subprocess.CompletedProcess:
+    """Run `python <script> args...` with the user's environment plus `env` (see cli_env): forked from the
+    fork server when it can (tests/cli_server.py), else as a fresh process."""
+    argv, full_env = [str(script), *args], cli_env(**(env or {}))
+    done = cli_server.CLIENT.run(argv, cwd=cwd, env=full_env, timeout=timeout)
+    if done is not None:
+        return done
+    command = [sys.executable, *argv]
     return subprocess.run(command, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
 
 

@@ -4,14 +4,13 @@ cache, with the endpoint from AWS_ENDPOINT_URL and from the config: tests/test_s
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
 
 from src.data.components.object_store import check_reachable, is_remote, refuse_credentials, storage_options
-from tests.conftest import ROOT, ObjectStore, cli_env, free_port
+from tests.conftest import ObjectStore, free_port, run_python
 
 CHECK = """
 import json
@@ -33,8 +32,7 @@ def run_script(
 ) -> subprocess.CompletedProcess:
     """`python <script> args...` from the repository root, with the user's environment plus `env`."""
     script.write_text(source)
-    command = [sys.executable, str(script), *args]
-    return subprocess.run(command, cwd=ROOT, env=cli_env(**env), capture_output=True, text=True, timeout=300)
+    return run_python(script, *args, env=env)
 
 
 @pytest.mark.parametrize("user", ["allowed", "denied", "wrong secret", "no credentials"])

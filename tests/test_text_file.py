@@ -3,8 +3,6 @@
 import json
 import logging
 import pickle
-import subprocess
-import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -18,7 +16,7 @@ from src.common.text import load_tokenizer, tokenizer_fingerprint
 from src.data.components.example_texts import make_example_texts, make_tokenizer
 from src.data.components.text_batches import LengthGroupedBatchSampler, epoch_batches, padding_saved
 from src.data.text_datamodule import lengths_of
-from tests.conftest import ROOT
+from tests.conftest import ROOT, run_python
 
 WORDS = [
     "the",
@@ -424,9 +422,8 @@ def test_data_example_texts_builds_itself_and_describes_it(compose_cfg, tmp_path
 
 def test_the_bag_of_words_baseline_stays_well_below_perfect(data_dir: Path, tmp_path: Path):
     folder = make_example_texts(data_dir / "example_texts", exist_ok=True)
-    command = [sys.executable, str(ROOT / "scripts" / "text_baseline.py")]
     files = ["--train", str(folder / "train.csv"), "--test", str(folder / "test.csv")]
-    result = subprocess.run([*command, *files], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    result = run_python(ROOT / "scripts" / "text_baseline.py", *files, cwd=tmp_path, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     accuracy = float(result.stdout.split("test accuracy ")[1].split()[0])
     assert 0.7 < accuracy < 0.85  # word order decides the rest (src/data/components/example_texts.py)

@@ -10,7 +10,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import ONE_BATCH, ROOT, cli_command, cli_env, last_metrics, only_run_dir, run_cli
+from tests.conftest import (
+    ONE_BATCH,
+    ROOT,
+    cli_command,
+    last_metrics,
+    only_run_dir,
+    run_cli,
+    run_python,
+)
 
 DIGITS_MLP = ["data=digits", "model/net=mlp"]
 
@@ -34,11 +42,11 @@ def test_lightnings_messages_reach_the_log_file_when_lightning_was_imported_firs
     # A wrapper script (or an entry point edited to import lightning at its top) loads Lightning before Hydra
     # sets up logging; Lightning then gives its loggers a console handler of their own.
     command = cli_command("train", "debug=fdr", log_dir=tmp_path, data_dir=data_dir)
-    script, args = command[1], command[2:]
-    wrapper = f"import lightning, runpy, sys; sys.argv = {[script, *args]!r}; runpy.run_path({script!r}, run_name='__main__')"
-    result = subprocess.run(
-        [sys.executable, "-c", wrapper], cwd=ROOT, env=cli_env(), capture_output=True, text=True
+    wrapper = tmp_path / "wrapper.py"
+    wrapper.write_text(
+        f"import lightning, runpy, sys\nsys.argv = {command[1:]!r}\nrunpy.run_path(sys.argv[0], run_name='__main__')\n"
     )
+    result = run_python(wrapper)
     assert result.returncode == 0, result.stderr[-3000:]
     log_file = (only_run_dir(tmp_path, "debug") / "debug.log").read_text()
     assert "`Trainer.fit` stopped" in log_file and "`Trainer.fit` stopped" not in result.stderr
@@ -238,13 +246,15 @@ OPTIONAL_IMPORTS += ["peft", "pyarrow", "transformers.models.bert"]
 def test_help_config_printing_and_the_default_run_import_no_optional_package(tmp_path: Path, data_dir: Path):
     for overrides in (["--help"], ["--cfg", "job", "logger=wandb"], ["debug=fdr"]):
         command = cli_command("train", *overrides, log_dir=tmp_path, data_dir=data_dir)
-        # A fresh interpreter (not the test server, which has imported much already) that says at exit which
-        # of them were imported.
-        probe = f"import atexit, runpy, sys; names = {OPTIONAL_IMPORTS!r}; "
-        probe += "atexit.register(lambda: print('imported:', [n for n in names if n in sys.modules])); "
-        probe += f"sys.argv = {command[1:]!r}; runpy.run_path(sys.argv[0], run_name='__main__')"
-        done = subprocess.run(
-            [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, env=cli_env()
+        # A wrapper that says which of them were imported before the command (none: the fork server imports
+        # none of them either) and at its exit.
+        probe = tmp_path / "probe.py"
+        probe.write_text(
+            f"import atexit, runpy, sys\nnames = {OPTIONAL_IMPORTS!r}\n"
+            "print('before:', [n for n in names if n in sys.modules])\n"
+            "atexit.register(lambda: print('imported:', [n for n in names if n in sys.modules]))\n"
+            f"sys.argv = {command[1:]!r}\nrunpy.run_path(sys.argv[0], run_name='__main__')\n"
         )
+        done = run_python(probe, timeout=120)
         assert done.returncode == 0, done.stderr[-3000:]
-        assert "imported: []" in done.stdout, (overrides, done.stdout[-500:])
+        assert "before: []" in done.stdout and "imported: []" in done.stdout, (overrides, done.stdout[-500:])
