@@ -29,7 +29,7 @@ from tests.conftest import (
 )
 from tests.test_mlflow import mlflow_runs  # [part: mlflow]
 
-TINY = ["data=digits", "model/net=mlp", "trainer.max_epochs=2"]
+TINY = ["data=digits", "model/net=mlp", "trainer.max_epochs=1"]
 CPU_DDP = ["trainer=ddp", "trainer.accelerator=cpu"]
 # torchrun gives each of several local ranks one thread; the two-node run gets the same, so both launches
 # do the same float operations and must train bit-identical weights.

@@ -219,6 +219,7 @@ def missing_references(project: Path, kept: set[str]) -> list[str]:
     return problems
 
 
+@pytest.mark.matrix  # 16 projects generated: make test-parts (CI) runs it
 @pytest.mark.parametrize("parts", CHOICES, ids=[choice or "core" for choice in CHOICES])
 def test_a_generated_project_names_only_what_it_has(template_copy: Path, tmp_path: Path, parts: str):
     project = generate(template_copy, tmp_path / "project", parts)

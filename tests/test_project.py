@@ -286,6 +286,7 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @TEMPLATE_ONLY
 @pytest.mark.slow
+@pytest.mark.matrix  # a maintainers' check: make test-parts (CI) runs it  [part: template]
 def test_a_project_generated_with_the_defaults_keeps_every_part(template: Path, tmp_path: Path):
     project = tmp_path / "my-project"
     copier(template, project)
