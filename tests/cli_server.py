@@ -1,9 +1,9 @@
 """Start `python src/<script>.py ...` for the tests without paying for the third-party imports every time.
 
 Every command a test runs is a new Python process that imports torch, Lightning, torchvision and
-torchmetrics (4 s of CPU on the 2-core CI machine) before it does anything; with about 150 commands that
-was half of `make test`. This server imports those packages once, then forks one child per command. The
-child is the command as a user runs it in every other way: the same interpreter, `sys.argv`, `sys.path[0]`
+torchmetrics (about 7 s of CPU on the 2-core CI machine) before it does anything; with about 150 commands
+that was half of `make test`. This server imports those packages once, then forks one child per command.
+The child is the command as a user runs it in every other way: the same interpreter, `sys.argv`, `sys.path[0]`
 (the script's folder), working directory and environment, stdin from /dev/null, its output to its own
 files, `__main__` run from the script file, exit status as Python gives it (1 on an uncaught error), and
 its threads joined and atexit handlers run at exit (see `_end`). The project's own modules (`src`,

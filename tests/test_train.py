@@ -44,7 +44,8 @@ def test_lightnings_messages_reach_the_log_file_when_lightning_was_imported_firs
     command = cli_command("train", "debug=fdr", log_dir=tmp_path, data_dir=data_dir)
     wrapper = tmp_path / "wrapper.py"
     wrapper.write_text(
-        f"import lightning, runpy, sys\nsys.argv = {command[1:]!r}\nrunpy.run_path(sys.argv[0], run_name='__main__')\n"
+        f"import lightning, runpy, sys\nsys.argv = {command[1:]!r}\n"
+        "runpy.run_path(sys.argv[0], run_name='__main__')\n"
     )
     result = run_python(wrapper)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -500,9 +500,9 @@ def _local_file(storage: str) -> Path | None:
 
 class StudyLock:
     """Held while a launch counts the study's trials and asks for new ones (so that launches running at once
-    never take more than n_trials together), fails stale trials, or tells a result; reentered for each step. The system releases it when its
-    holder dies: SQLite, a lock on the file `<database>.lock`; PostgreSQL and MySQL, an advisory lock of the
-    connection. A journal file's lock is a file that is broken 30 s after its holder died (Optuna's lock for
+    never take more than n_trials together), fails stale trials, or tells a result; reentered for each step.
+    The system releases it when its holder dies: SQLite, a lock on the file `<database>.lock`; PostgreSQL and
+    MySQL, an advisory lock of the connection. A journal file's lock is a file that is broken 30 s after its holder died (Optuna's lock for
     shared file systems)."""
 
     def __init__(self, url: str, study_name: str) -> None:
