@@ -36,6 +36,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
         run.metrics = as_floats(run.trainer.callback_metrics)
         if cfg.get("test"):
             test_ckpt = _best_checkpoint(run.trainer) if cfg.get("train") else ckpt_path
+            run.tested_checkpoint = test_ckpt
             log.info(f"Starting testing on {test_ckpt or 'the current weights'}")
             run.trainer.test(run.model, datamodule=run.datamodule, ckpt_path=test_ckpt, weights_only=True)
             run.metrics |= as_floats(run.trainer.callback_metrics)
@@ -51,6 +52,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     follow_the_shards(cfg)  # [part: streaming]
     with build(cfg) as run:
         check_fits(run.model, source.checkpoint)
+        run.tested_checkpoint = str(source.checkpoint)
         log.info(f"Testing {source.checkpoint}")
         run.trainer.test(
             run.model, datamodule=run.datamodule, ckpt_path=str(source.checkpoint), weights_only=True

@@ -16,7 +16,7 @@ NEEDED = {
     "model_checkpoint",
     "last_checkpoint",
     "interrupt_checkpoint",
-    "rng_state",
+    "resume_state",
     "early_stopping",
     "lr_monitor",
     "rich_progress_bar",
@@ -86,7 +86,7 @@ def test_the_profiler_times_the_batch_hooks_that_do_something(tmp_path: Path, da
     ):
         assert f"[Callback]{hook}" in timed, hook
     for hook in (
-        "RNGState.on_train_batch_start",  # not implemented
+        "ResumeState.on_train_batch_start",  # not implemented
         "InterruptCheckpoint.on_before_backward",
         "TrainingGuards.on_validation_batch_end",
         "LearningRateMonitor.on_train_batch_start",  # idle: logging_interval=epoch
@@ -99,7 +99,7 @@ def test_the_profiler_times_the_batch_hooks_that_do_something(tmp_path: Path, da
     assert re.search(checkpoint + "on_validation_end", timed)  # where it saves the best checkpoint
     assert not re.search(checkpoint + "on_train_batch_end", timed)  # idle: no every_n_train_steps
     assert (
-        "[Callback]RNGState.on_train_start" in timed
+        "[Callback]ResumeState.on_train_start" in timed
     )  # hooks outside the batch loop: called as Lightning does
 
 
@@ -125,7 +125,7 @@ def test_a_batch_hook_runs_when_a_setting_needs_it(compose_cfg, tmp_path: Path):
         ("TrainingGuards", "on_train_batch_end"),
     ):
         assert callable(getattr(by_name[name], hook)), f"{name}.{hook}"
-    assert by_name["RNGState"].on_train_batch_start is None  # never any work to do
+    assert by_name["ResumeState"].on_train_batch_start is None  # never any work to do
 
 
 def test_the_training_guards_log_the_gradient_norm_when_asked(compose_cfg):

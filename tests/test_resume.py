@@ -169,7 +169,7 @@ def test_short_epochs_skip_their_latest_state_save_but_never_the_last_one(
     latest = LastCheckpoint(cfg.paths.output_dir, min_seconds_between=min_seconds)
     trainer = L.Trainer(
         max_epochs=3, limit_train_batches=2, limit_val_batches=1, callbacks=[latest], logger=False,
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        enable_progress_bar=False, enable_model_summary=False,
     )  # fmt: skip
     trainer.fit(instantiate(cfg.model), datamodule=instantiate(cfg.data, _convert_="all"))
     assert saved == saved_epochs

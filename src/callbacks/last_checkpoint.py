@@ -2,12 +2,14 @@
 
 import time
 from pathlib import Path
+from typing import Any
 
 import lightning as L
+from lightning.pytorch.callbacks import Checkpoint
 from lightning.pytorch.trainer.states import TrainerFn
 
 
-class LastCheckpoint(L.Callback):
+class LastCheckpoint(Checkpoint):
     """Keeps `<dirpath>/<filename>.ckpt` the latest full training state: at the end of every epoch (after its
     validation) and, if `every_n_train_steps` is set, every N optimizer steps.
 
@@ -17,6 +19,11 @@ class LastCheckpoint(L.Callback):
 
     Lightning's `ModelCheckpoint(save_last=True)` writes last.ckpt only when its monitored metric improved,
     and cannot combine step and epoch triggers; a resume needs the latest state, every time.
+
+    A `Checkpoint`, so that Lightning calls it after the callbacks that are not and, among checkpoint
+    callbacks, in the config's order (configs/callbacks/default.yaml: after model_checkpoint): a last.ckpt
+    saved at the step or epoch end where a new best.ckpt was saved knows that best.ckpt, and a run resumed
+    from it neither forgets it nor saves it again.
     """
 
     def __init__(
@@ -39,18 +46,32 @@ class LastCheckpoint(L.Callback):
         self.min_seconds_between = min_seconds_between
         self._saved_step: int | None = None
         self._saved_at = float("-inf")
+        self._step_due = False  # a step save that fell on an epoch's last batch waits for the epoch's end
 
     def idle_batch_hooks(self, trainer: L.Trainer) -> list[str]:
         """Without step saves, Lightning need not call the batch hook (src/run/builder.py)."""
         return [] if self.every_n_train_steps else ["on_train_batch_end"]
 
-    def on_train_batch_end(self, trainer: L.Trainer, *args, **kwargs) -> None:
-        if self.every_n_train_steps and trainer.global_step % self.every_n_train_steps == 0:
-            self._save(trainer)
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if (
+            not self.every_n_train_steps
+            or trainer.global_step % self.every_n_train_steps
+            or not trainer.global_step
+        ):
+            return
+        if batch_idx + 1 >= trainer.num_training_batches:
+            # The epoch's last batch, before its validation: Lightning takes an epoch resumed from here as
+            # done and skips that validation. The epoch-end save follows it.
+            self._step_due = True
+            return
+        self._save(trainer)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # Runs after the epoch's validation, so the state includes its results.
-        if time.monotonic() - self._saved_at >= self.min_seconds_between or _last_epoch(trainer):
+        due, self._step_due = self._step_due, False
+        if due or time.monotonic() - self._saved_at >= self.min_seconds_between or _last_epoch(trainer):
             self._save(trainer)
 
     def _save(self, trainer: L.Trainer) -> None:

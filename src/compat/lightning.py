@@ -27,6 +27,20 @@ release breaks it (the weekly CI job against the newest Lightning is there to no
   idle hooks cost the MLP benchmark case a few percent of a step (make bench). No
   upstream issue: the constructor's settings have no public accessor. When it breaks: the attribute error
   names them; read the new names in `model_checkpoint.py`.
+- `_defer_save_until_validation` of `ModelCheckpoint`: a step save whose monitored metric is missing or
+  about to be replaced (the epoch's last batch, before its validation) waits for the next validation, and
+  Lightning 2.6 keeps that in this flag, outside the callback's `state_dict`. A run resumed from a checkpoint
+  written while a save waited forgot it and saved its best checkpoint at another step than the run that
+  never stopped (`src/callbacks/resume_state.py` saves and restores it: `deferred_save`,
+  `set_deferred_save`). No upstream issue found. When it breaks: tests/test_resume.py's kill tests fail; read
+  the new name in `model_checkpoint.py`.
+- `setup_data` of the fit loop's validation loop (an `_EvaluationLoop`): `set_up_validation_data`. Before
+  an epoch's last batch, `ModelCheckpoint` decides whether validation follows it from
+  `trainer.num_val_batches`, which stays 0 until the validation loader was set up in this process. A run
+  resumed mid-epoch runs no sanity check, so it saved a step's best checkpoint judged by the previous
+  validation's score where the run that never stopped waited for the validation (with
+  `check_val_every_n_epoch` above 1). No upstream issue found. When it breaks: the attribute error names
+  it; tests/test_resume.py's kill tests check the result.
 - `_average_model` and `_latest_update_step` of `WeightAveraging`: the moving-average callback makes the
   update of the step a checkpoint is saved in before it is written, and knows when validation swapped the
   average in. No public accessor exists (Lightning 2.6): `averaged_model` and `latest_update_step` read
@@ -52,6 +66,20 @@ from lightning.pytorch.strategies.launchers import subprocess_script as pytorch_
 def saves_within_epochs(checkpoint: ModelCheckpoint) -> bool:
     """Whether a ModelCheckpoint also saves every N training steps or after a training time interval."""
     return checkpoint._every_n_train_steps > 0 or checkpoint._train_time_interval is not None
+
+
+def deferred_save(checkpoint: ModelCheckpoint) -> bool:
+    """Whether a ModelCheckpoint put off a step's save until the next validation."""
+    return bool(checkpoint._defer_save_until_validation)
+
+
+def set_deferred_save(checkpoint: ModelCheckpoint, deferred: bool) -> None:
+    checkpoint._defer_save_until_validation = deferred
+
+
+def set_up_validation_data(trainer: object) -> None:
+    """Set up the validation loaders now, as the sanity check of a new run does."""
+    trainer.fit_loop.epoch_loop.val_loop.setup_data()
 
 
 def load_pending_loader_states(trainer: object) -> None:

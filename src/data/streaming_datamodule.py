@@ -170,8 +170,11 @@ class StreamingDataModule(DataModule):
         # Its state, saved in checkpoints, is rank 0's alone under DDP, and every rank loads it. That is enough:
         # the state counts the samples this rank had this epoch (the same on every rank: each gets as many full
         # batches) and each rank finds its own share from its rank, so it puts every rank back in its own place.
-        return streaming.StreamingDataLoader(
+        from src.data.components.streaming_loader import StreamingLoader  # imports litdata
+
+        return StreamingLoader(
             dataset,
+            epoch=lambda: self.trainer.current_epoch if train and self.trainer is not None else None,
             batch_size=self.batch_size_per_device,
             num_workers=workers,
             collate_fn=collate or self.collate_fn,

@@ -48,6 +48,7 @@ class Run:
     model: L.LightningModule | None = None
     trainer: L.Trainer | None = None  # None for a task that runs no Trainer (export)
     metrics: dict[str, float] = field(default_factory=dict)  # the final metrics, set by the task
+    tested_checkpoint: str | None = None  # the checkpoint the test metrics came from, set by the task
 
 
 @contextmanager
@@ -253,7 +254,7 @@ def recorded(run: Run, resume: Resume | None) -> Iterator[None]:
                 if callable(getattr(callback, "run_record", None)):
                     record |= callback.run_record()
             # /part
-            run_record.write_end(record, run.cfg.paths.output_dir, run.metrics, error)
+            run_record.write_end(record, run.cfg.paths.output_dir, run.metrics, error, run.tested_checkpoint)
             if error is None:  # predictions on image files without labels have none
                 shown = ", ".join(f"{k}={v:.4f}" for k, v in sorted(run.metrics.items()) if not math.isnan(v))
                 log.info(f"Final metrics: {shown or 'none'}")

@@ -25,7 +25,13 @@ from hydra_plugins.sweep_summary.summary import write_atomically
 
 RECORD_FILE = "run.json"
 DIFF_FILE = "git.diff"
-_END_FIELDS = ("end_time", "duration_s", "error", "final_metrics")  # filled in by write_end
+_END_FIELDS = (
+    "end_time",
+    "duration_s",
+    "error",
+    "final_metrics",
+    "tested_checkpoint",
+)  # filled in by write_end
 PACKAGES = ("torch", "torchvision", "lightning", "torchmetrics", "hydra-core", "omegaconf")
 
 
@@ -98,10 +104,19 @@ def write_start(record: dict[str, Any], diff: str | None, run_dir: str | Path) -
 
 
 def write_end(
-    record: dict[str, Any], run_dir: str | Path, metrics: dict[str, float], error: BaseException | None
+    record: dict[str, Any],
+    run_dir: str | Path,
+    metrics: dict[str, float],
+    error: BaseException | None,
+    tested_checkpoint: str | None = None,
 ) -> None:
-    """Complete run.json: end time, duration, status (completed, failed, interrupted), final metrics."""
+    """Complete run.json: end time, duration, status (completed, failed, interrupted), final metrics, and
+    the checkpoint the test metrics came from (relative to the run dir when inside it)."""
     end = datetime.now().astimezone()
+    if tested_checkpoint is not None and Path(tested_checkpoint).resolve().is_relative_to(
+        Path(run_dir).resolve()
+    ):
+        tested_checkpoint = str(Path(tested_checkpoint).resolve().relative_to(Path(run_dir).resolve()))
     stopped = isinstance(error, KeyboardInterrupt | SystemExit)  # Lightning turns Ctrl+C into sys.exit(1)
     record |= {
         "end_time": end.isoformat(timespec="seconds"),
@@ -109,6 +124,7 @@ def write_end(
         "status": "completed" if error is None else "interrupted" if stopped else "failed",
         "error": error and f"{type(error).__name__}: {error}",
         "final_metrics": dict(sorted(metrics.items())),
+        "tested_checkpoint": tested_checkpoint,
     }
     _write(run_dir, record)
 

@@ -35,23 +35,32 @@ class TrainedRun:
 
 
 def locate(cfg: DictConfig) -> TrainedRun:
-    """The checkpoint named by `ckpt_path`, or the best (else last) checkpoint of `run_dir`."""
+    """The checkpoint named by `ckpt_path`, or the one of `run_dir` that its test after training used (its
+    run.json's `tested_checkpoint`), else its best, else its last."""
     ckpt_path, run_dir = cfg.get("ckpt_path"), cfg.get("run_dir")
     if ckpt_path is None and run_dir is None:
         raise ValueError(
             f"{cfg.task_name} needs a checkpoint: ckpt_path=<file.ckpt> or run_dir=logs/train/runs/<run>"
         )
+    record = read_record(Path(run_dir)) if run_dir else None
     if ckpt_path is None:
-        found = [Path(run_dir) / "checkpoints" / name for name in ("best.ckpt", "last.ckpt")]
+        tested = record.get("tested_checkpoint") if record else None
+        names = [tested] if tested and not Path(tested).is_absolute() else []
+        found = [Path(run_dir) / name for name in (*names, "checkpoints/best.ckpt", "checkpoints/last.ckpt")]
         ckpt_path = next((path for path in found if path.is_file()), None)
         if ckpt_path is None:
             raise FileNotFoundError(
                 f"run_dir={run_dir} has no checkpoints/best.ckpt or checkpoints/last.ckpt"
             )
     checkpoint = check_checkpoint(str(ckpt_path))
-    record = Path(run_dir or checkpoint.parent.parent) / RECORD_FILE
-    run_config = json.loads(record.read_text()).get("config") if record.is_file() else None
-    return TrainedRun(checkpoint=checkpoint, run_config=run_config)
+    record = record if run_dir else read_record(checkpoint.parent.parent)
+    return TrainedRun(checkpoint=checkpoint, run_config=record.get("config") if record else None)
+
+
+def read_record(run_dir: Path) -> dict[str, Any] | None:
+    """A run dir's run.json, or None when it has none."""
+    record = run_dir / RECORD_FILE
+    return json.loads(record.read_text()) if record.is_file() else None
 
 
 def command_line() -> list[str]:
