@@ -3,11 +3,15 @@
 import hashlib
 import json
 import os
+import shutil
 import signal
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 import torch
+
+from src.run.checkpoints import AtomicCheckpointIO
 
 
 class InterruptAtStep(L.Callback):
@@ -70,3 +74,39 @@ class RecordValidationSet(L.Callback):
         self.folder.mkdir(parents=True, exist_ok=True)
         record = {"size": len(dataset), "digest": digest}
         (self.folder / f"val_rank{trainer.global_rank}.json").write_text(json.dumps(record))
+
+
+class SnapshotCheckpointIO(AtomicCheckpointIO):
+    """The template's checkpoint writer, which also copies the run dir (without its logs) into
+    `<folder>/<n>` after each checkpoint it writes. A kill leaves the files as the last finished write left
+    them (each write is atomic), so these copies are every state a kill can leave a run in."""
+
+    def __init__(self, folder: str) -> None:
+        super().__init__()
+        self.folder = Path(folder)
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
+        super().save_checkpoint(checkpoint, path, storage_options)
+        taken = len(list(self.folder.glob("*"))) if self.folder.exists() else 0
+        logs = shutil.ignore_patterns("csv", "*.log")
+        shutil.copytree(Path(path).parent.parent, self.folder / f"{taken:03d}", ignore=logs)
+
+
+class StopAt(L.Callback):
+    """Sends this process SIGTERM, as a cluster's preemption would, once: after optimizer step `step`, or, with
+    `validation_batch`, in that batch of the validation after it. Set `StopAt.moment = (step,
+    validation_batch or None)` to arm it (in-process tests)."""
+
+    moment: tuple[int, int | None] | None = None
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args, **kwargs) -> None:
+        self._stop_if_at(trainer, None)
+
+    def on_validation_batch_start(self, trainer: L.Trainer, pl_module, batch, batch_idx: int, *args) -> None:
+        if not trainer.sanity_checking:
+            self._stop_if_at(trainer, batch_idx)
+
+    def _stop_if_at(self, trainer: L.Trainer, validation_batch: int | None) -> None:
+        if StopAt.moment == (trainer.global_step, validation_batch):
+            StopAt.moment = None
+            os.kill(os.getpid(), signal.SIGTERM)

@@ -243,23 +243,29 @@ def test_a_killed_run_resumes_both_the_raw_weights_and_the_average(
     assert resumed["averaging_state"]["n_averaged"] == straight["global_step"] == 12
 
 
-def test_an_interrupt_during_validation_saves_the_raw_weights_and_the_average_apart(
+@pytest.mark.slow
+def test_an_interrupt_during_validation_continues_from_the_last_save_with_both_weights(
     ema_run: Path, tmp_path: Path, data_dir: Path
 ):
-    # Validation runs with the average swapped into the module; Ctrl+C in its middle (after step 6) must not
-    # save them the other way round.
-    stop = "+callbacks.stop._target_=tests.helpers.InterruptInValidation"
-    result = run_cli(
-        "train", *EMA, stop, "run_name=stopped", log_dir=tmp_path, data_dir=data_dir,
+    # Validation runs with the average swapped into the module; Ctrl+C in its middle (after step 6, the
+    # epoch's last) saves no checkpoint, and the run continues from last.ckpt of step 4, the raw weights and
+    # the average each where they belong.
+    common = [*EMA, "+callbacks.stop._target_=tests.helpers.InterruptInValidation", "run_name=stopped"]
+    stopped = run_cli(
+        "train", *common, log_dir=tmp_path, data_dir=data_dir,
         env=WITH_TESTS | {"INTERRUPT_IN_VALIDATION_AT_STEP": "6"},
     )  # fmt: skip
-    assert result.returncode != 0
-    saved = load_checkpoint(tmp_path / "train" / "runs" / "stopped" / "checkpoints" / "interrupted.ckpt")
-    steps = torch.load(ema_run / "weights_by_step.pt", weights_only=True)
-    assert saved["global_step"] == 6
-    for name, value in ema_of(steps[:6], DECAY).items():
-        torch.testing.assert_close(saved["state_dict"][name], value, rtol=1e-6, atol=1e-7)
-        assert torch.equal(saved["current_model_state"][name], steps[5][name])
+    assert stopped.returncode != 0
+    checkpoints = tmp_path / "train" / "runs" / "stopped" / "checkpoints"
+    assert sorted(path.name for path in checkpoints.iterdir()) == ["last.ckpt"]
+    assert load_checkpoint(checkpoints / "last.ckpt")["global_step"] == 4
+    resumed = run_cli("train", *common, log_dir=tmp_path, data_dir=data_dir, env=WITH_TESTS)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    ended, straight = (
+        load_checkpoint(run / "checkpoints" / "last.ckpt") for run in (checkpoints.parent, ema_run)
+    )
+    for key in ("state_dict", "current_model_state", "averaging_state"):  # average, raw weights, step count
+        assert_same_tensors(ended[key], straight[key])
 
 
 def test_a_weights_only_best_checkpoint_is_refused_with_the_average(compose_cfg):

@@ -2,6 +2,8 @@
 
 import json
 import os
+import random
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -11,11 +13,13 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.demos.boring_classes import BoringModel
+from omegaconf import open_dict
 
 from src.callbacks.interrupt_checkpoint import InterruptCheckpoint
 from src.run.checkpoints import AtomicCheckpointIO, load_checkpoint
 from tests.cli_server import Started
-from tests.conftest import ROOT, run_cli, start_cli, wandb_records
+from tests.conftest import ROOT, only_run_dir, run_cli, start_cli, wandb_records
+from tests.helpers import StopAt
 
 # Digits + MLP, 2 epochs of 21 steps, every random choice seeded and deterministic.
 EXACT = ["data=digits", "model/net=mlp", "trainer.max_epochs=2", "trainer.deterministic=true"]
@@ -219,6 +223,136 @@ def test_a_checkpoint_with_a_pickle_payload_is_refused_and_never_runs(
     assert not marker.exists()  # the payload did not run
 
 
+# --- a run stopped at any moment ends as if it had never stopped ---
+
+# The best checkpoint judged every 7 steps and the latest state saved every 3, on EXACT's 21 steps an epoch:
+# saves of both kinds on the same steps, on epochs' last batches (before their validation) and in between.
+STEP_SAVES = [
+    "callbacks.model_checkpoint.every_n_train_steps=7",
+    "callbacks.last_checkpoint.every_n_train_steps=3",
+]
+QUIET = ["callbacks.rich_progress_bar=null", "trainer.enable_progress_bar=false", "extras.print_config=false"]
+
+
+def outcome(run_dir: Path, left_out: tuple[str, ...] = ()) -> dict:
+    """What a user reads of a finished run: its checkpoint files, its best checkpoint (step and weights),
+    its final weights, and its record's metrics and the checkpoint they were tested on. Left out: timings
+    (perf/), the learning rate (logged at epoch starts, which a run resumed mid-epoch does not replay) and
+    the metrics named by the prefixes in `left_out`."""
+    files = sorted(path.name for path in (run_dir / "checkpoints").iterdir())
+    best, last = (
+        load_checkpoint(run_dir / "checkpoints" / name) if name in files else {}
+        for name in ("best.ckpt", "last.ckpt")
+    )
+    ran = record(run_dir)
+    return {
+        "files": files,
+        "best step": best.get("global_step"),
+        "best": best.get("state_dict", {}),
+        "last": last.get("state_dict", {}),
+        "metrics": {
+            k: v for k, v in ran["final_metrics"].items() if not k.startswith(("lr-", "perf/", *left_out))
+        },
+        "tested": ran["tested_checkpoint"],
+    }
+
+
+def assert_same_outcome(got: dict, expected: dict, moment: str) -> None:
+    for key, value in expected.items():
+        if key in ("best", "last"):  # weights
+            same = got[key].keys() == value.keys() and all(torch.equal(got[key][n], value[n]) for n in value)
+        else:
+            same = got[key] == value
+        assert same, f"{moment}: {key} differs from the run that never stopped" + (
+            "" if isinstance(value, dict) else f" ({got[key]} != {value})"
+        )
+
+
+def assert_any_kill_resumes_exactly(compose_cfg, tmp_path: Path, overrides: list[str]) -> None:
+    """Train a named run once, keeping a copy of its files after every checkpoint write; then for each copy
+    (each state a kill can leave), put it back and run the same config again: every run ends as the first."""
+    from src.tasks import train
+
+    run_dir, moments = tmp_path / "run", tmp_path / "moments"
+
+    def config():
+        cfg = compose_cfg("train", [*overrides, *QUIET, "run_name=any"])
+        with open_dict(cfg):
+            cfg.paths.output_dir = str(run_dir)
+            cfg.trainer.plugins = [{"_target_": "tests.helpers.SnapshotCheckpointIO", "folder": str(moments)}]
+        return cfg
+
+    train(config())
+    expected = outcome(run_dir)
+    assert expected["files"] == ["best.ckpt", "last.ckpt"] and expected["tested"] == "checkpoints/best.ckpt"
+    kills = sorted(moments.iterdir())
+    for kill in kills:
+        shutil.rmtree(run_dir)
+        shutil.copytree(kill, run_dir)
+        assert record(run_dir)["status"] == "running"
+        train(config())
+        assert_same_outcome(outcome(run_dir), expected, f"killed after checkpoint write {kill.name}")
+    assert len(kills) >= 10
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "saves",
+    [
+        STEP_SAVES,
+        [
+            "+trainer.val_check_interval=0.5",
+            *STEP_SAVES[:1],
+            "callbacks.last_checkpoint.every_n_train_steps=5",
+        ],
+    ],
+    ids=["step saves", "step saves and validation twice an epoch"],
+)
+def test_a_run_killed_at_any_moment_and_run_again_ends_as_if_it_never_stopped(
+    compose_cfg, tmp_path: Path, saves: list[str]
+):
+    # The second: a step's save of the best checkpoint before a validation waits for it, and the run
+    # resumed from a checkpoint written meanwhile saves it too.
+    overrides = [*EXACT, *saves, "model.net.dropout=0.2", "data.random_shift=1"]  # both draw random numbers
+    assert_any_kill_resumes_exactly(compose_cfg, tmp_path, overrides)
+
+
+@pytest.mark.slow
+def test_a_run_stopped_by_sigterm_at_any_moment_continues_as_if_it_never_stopped(compose_cfg, tmp_path: Path):
+    from src.tasks import train
+
+    def config(name: str):
+        overrides = [
+            *EXACT,
+            *STEP_SAVES,
+            *QUIET,
+            f"run_name={name}",
+            "+callbacks.stop._target_=tests.helpers.StopAt",
+        ]
+        cfg = compose_cfg("train", overrides)
+        with open_dict(cfg):
+            cfg.paths.output_dir = str(tmp_path / name)
+        return cfg
+
+    train(config("straight"))
+    expected = outcome(tmp_path / "straight")
+    for step, validation_batch, saved in [
+        (10, None, "interrupted.ckpt"),  # mid-epoch
+        (21, None, None),  # after an epoch's last step: stopped in the validation that follows it
+        (21, 2, None),  # in the middle of that validation
+        (41, None, "interrupted.ckpt"),  # the step before an epoch's last
+    ]:
+        name = f"stopped-{step}-{validation_batch}"
+        StopAt.moment = (step, validation_batch)
+        with pytest.raises(SystemExit) as stop:
+            train(config(name))
+        assert stop.value.code == 128 + signal.SIGTERM and record(tmp_path / name)["status"] == "interrupted"
+        # In a validation Lightning could not continue, no interrupted.ckpt: the run continues from before it.
+        assert (tmp_path / name / "checkpoints" / "interrupted.ckpt").exists() == (saved is not None)
+        train(config(name))
+        assert_same_outcome(outcome(tmp_path / name), expected, f"stopped at {name}")
+
+
 # --- slow: real kills ---
 
 
@@ -231,10 +365,17 @@ def wait_for(condition, process: Started, timeout: float = 240) -> None:
 
 
 @pytest.mark.slow
-def test_a_run_killed_mid_epoch_resumes_to_the_same_weights_as_an_uninterrupted_one(
+def test_a_run_killed_from_outside_resumes_to_the_same_end_and_eval_tests_the_same_model(
     tmp_path: Path, data_dir: Path
 ):
-    common = [*EXACT, "callbacks.last_checkpoint.every_n_train_steps=5", "data.random_shift=1"]
+    # 30 epochs, about 5 s of training: still running when the kill comes, up to 2 s after its first save.
+    common = [
+        *EXACT,
+        *STEP_SAVES,
+        "trainer.max_epochs=30",
+        "callbacks.early_stopping=null",
+        "data.random_shift=1",
+    ]
     # A schedule sized by the run's length, which makes Lightning build the loader before it resumes.
     common += ["model/scheduler=warmup_cosine", "model.scheduler.warmup_steps=5"]  # [part: pretrained]
     straight = run_cli("train", *common, "run_name=straight", log_dir=tmp_path, data_dir=data_dir)
@@ -243,24 +384,28 @@ def test_a_run_killed_mid_epoch_resumes_to_the_same_weights_as_an_uninterrupted_
     run = start_cli(
         "train", *common, "run_name=killed", log_dir=tmp_path, data_dir=data_dir, output=tmp_path / "run.out"
     )
-    last = run_dir_of(tmp_path, "killed") / "checkpoints" / "last.ckpt"
-
-    def past_step_25() -> bool:  # the middle of epoch 1
-        return last.exists() and load_checkpoint(last)["global_step"] >= 25
-
-    wait_for(past_step_25, run)
+    killed = run_dir_of(tmp_path, "killed")
+    wait_for(lambda: any((killed / "checkpoints").glob("*.ckpt")), run)
+    time.sleep(random.uniform(0, 2))  # wherever the run then is: the test does not choose
+    assert run.poll() is None, "the run ended before the kill"
     run.send_signal(signal.SIGKILL)  # no handler, no last words
     run.wait()
-    assert record(run_dir_of(tmp_path, "killed"))["status"] == "running"  # it never got to say otherwise
+    assert record(killed)["status"] == "running"  # it never got to say otherwise
+    left = {
+        path.name: load_checkpoint(path)["global_step"] for path in (killed / "checkpoints").glob("*.ckpt")
+    }
 
     resumed = run_cli("train", *common, "run_name=killed", log_dir=tmp_path, data_dir=data_dir)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    a = weights(run_dir_of(tmp_path, "killed") / "checkpoints" / "last.ckpt")
-    b = weights(run_dir_of(tmp_path, "straight") / "checkpoints" / "last.ckpt")
-    assert all(torch.equal(a[name], b[name]) for name in b)
-    killed, reference = record(run_dir_of(tmp_path, "killed")), record(run_dir_of(tmp_path, "straight"))
-    assert killed["final_metrics"]["test/acc"] == reference["final_metrics"]["test/acc"]
-    assert killed["final_metrics"]["val/acc_best"] == reference["final_metrics"]["val/acc_best"]
+    reference = run_dir_of(tmp_path, "straight")
+    assert_same_outcome(outcome(killed), outcome(reference), f"killed with {left}")
+    # What eval reports for each run: the test metrics the run recorded, of the same checkpoint.
+    for run_dir in (killed, reference):
+        evaluated = run_cli("eval", f"run_dir={run_dir}", log_dir=tmp_path / run_dir.name, data_dir=data_dir)
+        assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+        evaluation = record(only_run_dir(tmp_path / run_dir.name, "eval"))
+        assert evaluation["final_metrics"]["test/acc"] == record(reference)["final_metrics"]["test/acc"]
+        assert evaluation["tested_checkpoint"] == str(run_dir / "checkpoints" / "best.ckpt")
 
 
 @pytest.mark.slow

@@ -44,9 +44,10 @@ class EMA(WeightAveraging):
     - A checkpoint saved at the end of a step by a callback that Lightning calls before this one
       (last_checkpoint's `every_n_train_steps`, an interrupt) would hold the average without that step, and a
       run resumed from it would never add it: that update is made before the checkpoint is written.
-    - Validation runs with the average swapped into the module; an interrupt in the middle of it (Ctrl+C,
-      SIGTERM) would save interrupted.ckpt with the two swapped. The raw weights are put back first
-      (Lightning calls the checkpoint callbacks' `on_exception` after the others).
+    - Validation runs with the average swapped into the module; after an interrupt in the middle of it (Ctrl+C,
+      SIGTERM), a callback that saves on an exception (Lightning's `ModelCheckpoint(save_on_exception=True)`;
+      the template's interrupt checkpoint saves nothing during validation) would save the two swapped. The raw
+      weights are put back first (Lightning calls the checkpoint callbacks' `on_exception` after the others).
     - Lightning warns, for every module with a `configure_model` hook (TaskModule compiles its net there), that
       sharded layers are not supported: that warning is kept for the strategies that shard (fsdp, deepspeed).
     """
