@@ -146,6 +146,20 @@ def test_a_run_name_with_a_path_in_it_is_refused(tmp_path: Path, data_dir: Path)
     assert "run_name='../elsewhere' is not a valid directory name" in result.stderr
 
 
+def test_eval_run_dir_tests_the_checkpoint_the_run_tested_whatever_its_name(compose_cfg, tmp_path: Path):
+    from src.tasks import evaluate, train
+
+    overrides = [*EXACT, *QUIET, "callbacks.model_checkpoint.filename='epoch_{epoch:03d}'"]
+    trained = train(compose_cfg("train", overrides))  # into tmp_path
+    tested = record(tmp_path)["tested_checkpoint"]
+    assert tested.startswith("checkpoints/epoch_") and (tmp_path / tested).is_file()
+    cfg = compose_cfg("eval", [f"run_dir={tmp_path}", "extras.print_config=false"])
+    with open_dict(cfg):
+        cfg.paths.output_dir = str(tmp_path / "eval")
+    assert evaluate(cfg)["test/acc"] == trained["test/acc"]
+    assert record(tmp_path / "eval")["tested_checkpoint"] == str(tmp_path / tested)
+
+
 # --- checkpoints: atomic writes, safe loading ---
 
 
