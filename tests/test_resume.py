@@ -306,7 +306,7 @@ def assert_any_kill_resumes_exactly(compose_cfg, tmp_path: Path, overrides: list
         assert record(run_dir)["status"] == "running"
         train(config())
         assert_same_outcome(outcome(run_dir), expected, f"killed after checkpoint write {kill.name}")
-    assert len(kills) >= 10
+    assert len(kills) >= 8
 
 
 @pytest.mark.slow

@@ -39,7 +39,7 @@ def test_a_ddp_segmentation_run_syncs_its_metrics_across_processes(tmp_path: Pat
 def test_a_segmentation_run_killed_mid_epoch_resumes_to_the_same_weights_and_metrics(
     tmp_path: Path, data_dir: Path
 ):
-    # 12 steps an epoch; the latest state is saved every 4 steps, and the first attempt dies at step 16.
+    # 12 steps an epoch; the latest state is saved every 4 steps, and the first attempt dies at step 18.
     common = [
         *SEGMENT,
         "data.batch_size=16",
@@ -54,7 +54,7 @@ def test_a_segmentation_run_killed_mid_epoch_resumes_to_the_same_weights_and_met
     assert straight.returncode == 0, straight.stderr[-3000:]
     killed = run_cli(
         "train", *common, "run_name=killed", log_dir=tmp_path, data_dir=data_dir,
-        env=WITH_TESTS | {"KILL_AT_STEP": "16"},
+        env=WITH_TESTS | {"KILL_AT_STEP": "18"},
     )  # fmt: skip
     assert killed.returncode == -9  # SIGKILL: no handler, no last words
     runs = tmp_path / "train" / "runs"
