@@ -22,10 +22,10 @@ pytestmark = pytest.mark.skipif(not PARTS_FILE.exists(), reason="a generated pro
 MANIFEST = yaml.safe_load(PARTS_FILE.read_text()) if PARTS_FILE.exists() else {}
 # What the core may not grow past, in code lines (scripts/count_lines.py): lower it when the core shrinks.
 # The goal is 1,500.
-CORE_CODE_LINES = (
-    2135  # 2,058 + the workaround of Lightning #20550 (src/compat/lightning.py) + what a kill at any moment
-)
-# needs to resume exactly (src/callbacks/resume_state.py, last_checkpoint.py; run.json's tested_checkpoint): 2,135
+# 2,058 + the workaround of Lightning #20550 (src/compat/lightning.py) + what a kill at any moment needs to
+# resume exactly (src/callbacks/resume_state.py, last_checkpoint.py; run.json's tested_checkpoint; a
+# cut-short write removed).
+CORE_CODE_LINES = 2142
 CORE_CONFIG_LINES = 450
 
 

@@ -13,10 +13,11 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.demos.boring_classes import BoringModel
-from omegaconf import open_dict
+from omegaconf import OmegaConf, open_dict
 
 from src.callbacks.interrupt_checkpoint import InterruptCheckpoint
 from src.run.checkpoints import AtomicCheckpointIO, load_checkpoint
+from src.run.resume import plan_resume
 from tests.cli_server import Started
 from tests.conftest import ROOT, only_run_dir, run_cli, start_cli, wandb_records
 from tests.helpers import StopAt
@@ -134,8 +135,6 @@ def test_a_run_is_not_continued_with_another_config_and_keeps_its_snapshot(tmp_p
 
 @pytest.mark.parametrize("value", ["sometimes", "yes"])
 def test_an_unknown_resume_mode_is_refused(compose_cfg, value):
-    from src.run.resume import plan_resume
-
     with pytest.raises(ValueError, match=rf"resume={value} is not valid; choose auto .* or never"):
         plan_resume(compose_cfg("train", [f"resume={value}"]))
 
@@ -285,7 +284,7 @@ def assert_same_outcome(got: dict, expected: dict, moment: str) -> None:
 def assert_any_kill_resumes_exactly(compose_cfg, tmp_path: Path, overrides: list[str]) -> None:
     """Train a named run once, keeping a copy of its files after every checkpoint write; then for each copy
     (each state a kill can leave), put it back and run the same config again: every run ends as the first."""
-    from src.tasks import train
+    from src.tasks import evaluate, train
 
     run_dir, moments = tmp_path / "run", tmp_path / "moments"
 
@@ -307,6 +306,11 @@ def assert_any_kill_resumes_exactly(compose_cfg, tmp_path: Path, overrides: list
         train(config())
         assert_same_outcome(outcome(run_dir), expected, f"killed after checkpoint write {kill.name}")
     assert len(kills) >= 8
+    # What eval run_dir= reports of the last of them: the test metrics the run recorded.
+    cfg = compose_cfg("eval", [f"run_dir={run_dir}", "extras.print_config=false"])
+    with open_dict(cfg):
+        cfg.paths.output_dir = str(tmp_path / "eval")
+    assert evaluate(cfg)["test/acc"] == expected["metrics"]["test/acc"]
 
 
 @pytest.mark.slow
@@ -463,6 +467,10 @@ def test_a_kill_while_saving_leaves_a_loadable_last_checkpoint(tmp_path: Path, d
     run.wait()
     checkpoint = load_checkpoint(checkpoints / "last.ckpt")  # the previous one, complete
     assert checkpoint["global_step"] >= 3 and "optimizer_states" in checkpoint
+    # The same command again continues from it, and first removes what the cut-short write left.
+    (partial,) = checkpoints.glob(".last.ckpt.*.tmp")
+    resume = plan_resume(OmegaConf.create(record(checkpoints.parent)["config"]))  # the run's own config
+    assert resume.checkpoint == checkpoints / "last.ckpt" and not partial.exists()
 
 
 def test_a_new_fit_never_picks_up_a_last_checkpoint_it_was_not_given(tmp_path: Path):

@@ -10,6 +10,13 @@ import fsspec
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
+PARTIAL_SUFFIX = ".tmp"  # of a checkpoint being written: `.<name>.<pid>.tmp` beside the target
+
+
+def cut_short_writes(folder: Path) -> list[Path]:
+    """The temporary files in `folder` of checkpoint writes that a kill cut short."""
+    return sorted(folder.glob(f".*.ckpt.*{PARTIAL_SUFFIX}"))
+
 
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Lightning's checkpoint writer, made atomic on local disks: write a temporary file beside the target,
@@ -29,7 +36,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             return
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        temporary = path.with_name(f".{path.name}.{os.getpid()}{PARTIAL_SUFFIX}")
         try:
             with open(temporary, "wb") as file:
                 torch.save(checkpoint, file)

@@ -14,6 +14,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from src.run.checkpoints import cut_short_writes
 from src.run.record import RECORD_FILE, flatten
 
 log = logging.getLogger(__name__)
@@ -66,6 +67,9 @@ def plan_resume(cfg: DictConfig) -> Resume | None:
         with open_dict(cfg):
             cfg.logger.wandb.id = previous["wandb_id"]
             cfg.logger.wandb.resume = "allow"
+    for partial in cut_short_writes(run_dir / "checkpoints"):
+        partial.unlink(missing_ok=True)  # another rank of this run may have removed it already
+        log.info(f"Removed {partial.name}: a checkpoint write that the stop cut short")
     checkpoint = newest_checkpoint(run_dir)
     if checkpoint is None:
         log.warning(f"Run {name} stopped before its first checkpoint: training it again from the start")
