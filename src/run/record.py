@@ -25,13 +25,8 @@ from hydra_plugins.sweep_summary.summary import write_atomically
 
 RECORD_FILE = "run.json"
 DIFF_FILE = "git.diff"
-_END_FIELDS = (
-    "end_time",
-    "duration_s",
-    "error",
-    "final_metrics",
-    "tested_checkpoint",
-)  # filled in by write_end
+# Filled in by write_end.
+_END_FIELDS = ("end_time", "duration_s", "error", "final_metrics", "tested_checkpoint")
 PACKAGES = ("torch", "torchvision", "lightning", "torchmetrics", "hydra-core", "omegaconf")
 
 
@@ -113,10 +108,10 @@ def write_end(
     """Complete run.json: end time, duration, status (completed, failed, interrupted), final metrics, and
     the checkpoint the test metrics came from (relative to the run dir when inside it)."""
     end = datetime.now().astimezone()
-    if tested_checkpoint is not None and Path(tested_checkpoint).resolve().is_relative_to(
-        Path(run_dir).resolve()
-    ):
-        tested_checkpoint = str(Path(tested_checkpoint).resolve().relative_to(Path(run_dir).resolve()))
+    if tested_checkpoint is not None:
+        tested, root = Path(tested_checkpoint).resolve(), Path(run_dir).resolve()
+        if tested.is_relative_to(root):
+            tested_checkpoint = str(tested.relative_to(root))
     stopped = isinstance(error, KeyboardInterrupt | SystemExit)  # Lightning turns Ctrl+C into sys.exit(1)
     record |= {
         "end_time": end.isoformat(timespec="seconds"),

@@ -23,8 +23,8 @@ class StreamingLoader(litdata().StreamingDataLoader):
 
     def __iter__(self) -> Iterator[Any]:
         epoch = self.epoch()
-        resumed_epoch = self.restore and self.current_epoch == (epoch or 0) + 1  # litdata counts from 1
-        if epoch is not None and not resumed_epoch:
+        # litdata counts from 1: the saved position belongs to this pass when it is of epoch + 1.
+        if epoch is not None and not (self.restore and self.current_epoch == epoch + 1):
             self.restore = False  # a new pass: not the saved position, whatever litdata still holds
             self.current_epoch = epoch  # litdata's pass adds one
         return super().__iter__()
