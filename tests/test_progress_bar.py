@@ -1,5 +1,7 @@
-"""The progress bar draws on its own thread, at most `refresh_rate` times a second, and ends each bar complete."""
+"""The progress bar draws on its own thread, at most `refresh_rate` times a second, and ends each bar complete;
+where the output is no terminal, the run logs a line per epoch instead."""
 
+import csv
 import io
 import re
 import threading
@@ -8,6 +10,7 @@ from pathlib import Path
 
 import lightning as L
 import pytest
+import torch
 from lightning.pytorch.demos.boring_classes import BoringModel
 from rich.live import Live
 
@@ -62,7 +65,7 @@ def test_the_training_thread_does_not_redraw_the_bar_each_epoch(tmp_path: Path, 
 def test_stopping_the_bar_does_not_wait_for_its_next_redraw(tmp_path: Path):
     # One redraw every 20 s: Lightning's refresh thread sleeps that long, and the end of fit and of test
     # waited for the sleep to end (at the default 4 redraws a second, up to 0.25 s twice in every run).
-    bar = RichProgressBar(refresh_rate=0.05, console_kwargs={"file": io.StringIO()})
+    bar = RichProgressBar(refresh_rate=0.05, console_kwargs={"force_terminal": True, "file": io.StringIO()})
     trainer = bare_trainer(
         bar, tmp_path, max_epochs=1, limit_train_batches=2, limit_val_batches=1, limit_test_batches=1
     )
@@ -70,3 +73,19 @@ def test_stopping_the_bar_does_not_wait_for_its_next_redraw(tmp_path: Path):
     trainer.fit(BoringModel())
     trainer.test(BoringModel(), verbose=False)
     assert time.monotonic() - started < 10
+
+
+def test_a_run_whose_output_is_no_terminal_logs_one_line_per_epoch(digits_run: Path):
+    """`python src/train.py ... > train.out`, or a SLURM job: rich cannot draw there, so the run's log says how
+    far it got, epoch by epoch, with its monitored metric."""
+    log = (digits_run / "train.log").read_text()
+    lines = re.findall(
+        r"Epoch (\d+)/1: (\d+) steps in [0-9.]+ s, val/acc=([0-9.]+)$", log, flags=re.MULTILINE
+    )
+    with open(digits_run / "csv" / "version_0" / "metrics.csv") as file:
+        validations = [row for row in csv.DictReader(file) if row["val/acc"]]
+    steps = torch.load(digits_run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"]
+    assert [(int(epoch), int(count)) for epoch, count, _ in lines] == [(0, steps // 2), (1, steps // 2)]
+    assert [float(value) for *_, value in lines] == [
+        pytest.approx(float(row["val/acc"]), abs=5e-5) for row in validations
+    ]

@@ -67,8 +67,9 @@ def test_predict_on_the_test_split_gives_the_test_metrics(segment_run: Path, tes
         assert 0 <= float(row["acc"]) <= 1 and 0 <= float(row["miou"]) <= 1
         assert sum(float(row[f"share_{name}"]) for name in CLASS_NAMES) == pytest.approx(1)
     # The same checkpoint (best.ckpt) as the training run's test, the same 64 scenes, and the test's own metric
-    # objects (SegmenterModule.stage_metrics). The run tested in bf16 (experiment=segment_digits), predict
-    # runs in float32: a few pixels near a boundary change class, so the values agree to bf16's rounding.
+    # objects (SegmenterModule.stage_metrics). Where the run tested in bf16 (experiment=segment_digits on a CPU
+    # with AVX-512 BF16), predict runs in float32: a few pixels near a boundary change class, so the values
+    # agree to bf16's rounding.
     # (test_segmentation.py checks that eval.py, which follows the run's precision, gives them exactly.)
     predicted = json.loads((out / "run.json").read_text())["final_metrics"]
     tested = last_metrics(segment_run)

@@ -12,8 +12,9 @@ from src.models.segmenter_module import SegmenterModule
 from src.run.checkpoints import load_checkpoint
 from tests.conftest import ONE_BATCH, ROOT, SMALL_SCENES, last_metrics, only_run_dir, run_cli
 
-# The experiment (bf16-mixed, channels-last) with a 2-scale U-Net of 4 and 8 channels: what these tests check
-# does not depend on the net's size, and its steps cost a fraction of the experiment's 4 scales.
+# The experiment (channels-last, in the precision the CPU computes fast: trainer.precision=auto) with a 2-scale
+# U-Net of 4 and 8 channels: what these tests check does not depend on the net's size or precision, and its
+# steps cost a fraction of the experiment's 4 scales.
 SEGMENT = ["experiment=segment_digits", *SMALL_SCENES, "model.net.channels=[4,8]", "logger=csv"]
 WITH_TESTS = {"PYTHONPATH": str(ROOT)}  # so Hydra can load tests.helpers
 

@@ -12,7 +12,8 @@ from lightning.pytorch.callbacks import LearningRateFinder
 from omegaconf import DictConfig, ListConfig
 
 from src.launch import environment
-from src.run.preflight import GPU_ONLY_STRATEGIES, resolved_accelerator, strategy_name
+from src.run.hardware import resolved_accelerator
+from src.run.preflight import GPU_ONLY_STRATEGIES, strategy_name
 
 log = logging.getLogger(__name__)
 

@@ -17,6 +17,7 @@ from hydra.utils import get_class
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from src.launch import environment
+from src.run.hardware import resolved_accelerator
 
 
 def _arms(hint: Any) -> list[Any]:
@@ -170,18 +171,6 @@ def strategy_name(strategy: Any) -> str:
     if isinstance(strategy, DictConfig | dict) and "_target_" in strategy:
         return strategy["_target_"].rsplit(".", 1)[-1].removesuffix("Strategy").lower()
     return str(strategy).lower()
-
-
-def resolved_accelerator(accelerator: Any) -> str:
-    """The device kind a Trainer will use: cuda, mps or cpu (`auto` picks the best one present)."""
-    name = str(accelerator).lower()
-    if name == "gpu":
-        return "cuda"
-    if name == "auto":
-        if torch.cuda.is_available():
-            return "cuda"
-        return "mps" if torch.backends.mps.is_available() else "cpu"
-    return name
 
 
 def check_trainer(trainer: DictConfig) -> None:
