@@ -42,6 +42,8 @@ run_case() {
 echo "gpu_smoke: $GPUS GPU(s): $("$PY" -c "import torch; print(torch.cuda.get_device_name(0))")"
 run_case bf16-mixed train trainer=gpu trainer.precision=bf16-mixed
 run_case 16-mixed train trainer=gpu trainer.precision=16-mixed
+run_case auto train trainer=gpu trainer.precision=auto  # its log says bf16-mixed (Ampere or newer) or 32, and why
+grep -h "trainer.precision=auto" "$LOGS/auto.out" | sed 's/^.*\] - /      /'
 run_case "ddp-$GPUS-gpus" train trainer=ddp "trainer.devices=$GPUS"
 run_case "fsdp-$GPUS-gpus" train trainer=fsdp "trainer.devices=$GPUS" trainer.precision=bf16-mixed
 # FSDP's checkpoint (state_dict_type=full) is one file: a plain one-GPU eval must load it.
