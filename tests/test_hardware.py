@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 
 from src.run.hardware import Device, cpu_model_and_flags, fit_precision, native_bf16
 from src.tasks import train
-from tests.conftest import SMALL_SCENES
+from tests.conftest import ONE_BATCH
 
 AVX2 = Device("cpu", "AMD EPYC 7B13", cpu_capability="AVX2", cpu_flags=frozenset({"avx", "avx2", "fma"}))
 AVX512 = Device(
@@ -85,12 +85,11 @@ def test_the_cpu_flags_are_those_of_the_first_processor(tmp_path: Path):
     assert cpu_model_and_flags(tmp_path / "missing") == ("CPU", frozenset())  # macOS, Windows
 
 
-@pytest.mark.slow
-def test_the_segmentation_experiment_trains_in_the_precision_this_machine_computes_fast(compose_cfg, caplog):
-    """What `python src/train.py experiment=segment_digits` trains in here: bf16-mixed on a CPU with AVX-512 BF16
-    or AMX, 32 on others; the run record keeps the precision used, which `eval run_dir=` tests in."""
+def test_a_run_trains_in_the_precision_this_machine_computes_fast(compose_cfg, caplog):
+    """`python src/train.py trainer.precision=auto` trains here in bf16-mixed on a CPU with AVX-512 BF16 or AMX,
+    in 32 on others; the run record keeps the precision used, which `eval run_dir=` tests in."""
     chosen = "bf16-mixed" if native_bf16(Device.detect("cpu"))[0] else 32
-    cfg = compose_cfg("train", ["experiment=segment_digits", *SMALL_SCENES, "model.net.channels=[4,8]"])
+    cfg = compose_cfg("train", ["data=digits", "model/net=mlp", "trainer.precision=auto", *ONE_BATCH])
     with caplog.at_level(logging.INFO, logger="src.run.hardware"):
         train(cfg)
     said = [record.getMessage() for record in caplog.records if record.name == "src.run.hardware"]
