@@ -89,7 +89,7 @@ class RichProgressBar(LightningRichProgressBar):
     def epoch_line(self, trainer: L.Trainer, seconds: float) -> str:
         """`Epoch 3/14: 469 steps in 12.3 s, val/acc=0.9712`: the epoch numbered as the bar, the checkpoints and
         metrics.csv number it (from 0), the optimizer steps this process took in it (fewer in an epoch resumed
-        in the middle), and the monitored metric when this epoch's validation logged it."""
+        in the middle), and the monitored metric's latest value (this epoch's, when it validated)."""
         last = f"/{trainer.max_epochs - 1}" if trainer.max_epochs not in (None, -1) else ""
         steps = trainer.global_step - self._epoch_first_step
         line = f"Epoch {trainer.current_epoch}{last}: {steps} steps in {seconds:.1f} s"
