@@ -167,6 +167,7 @@ def compose_cfg(tmp_path: Path, data_dir: Path):
 
     yield _compose
     GlobalHydra.instance().clear()
+    HydraConfig.instance().cfg = None  # the next test in this process is outside any Hydra run
 
 
 def cli_command(script: str, *overrides: str, log_dir: Path, data_dir: Path, launcher: Sequence[str] = ()):
