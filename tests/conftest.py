@@ -148,6 +148,18 @@ def csv_unless_chosen(config_name: str, overrides: Sequence[str]) -> list[str]:
 
 
 @pytest.fixture
+def here(tmp_path: Path, data_dir: Path) -> list[str]:
+    """The overrides that keep a run's files in tmp_path and read the session's data dir, put before a test's
+    own in a `src.api` call (`api.train([*here, "data=digits"])`): a later `logger=` overrides the CSV one."""
+    return [
+        f"paths.log_dir={tmp_path}",
+        f"paths.data_dir={data_dir}",
+        "extras.print_config=false",
+        "logger=csv",
+    ]
+
+
+@pytest.fixture
 def compose_cfg(tmp_path: Path, data_dir: Path):
     """Compose `train` or `eval` with overrides, as `python src/<name>.py` would, writing into tmp_path."""
 
