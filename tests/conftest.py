@@ -18,7 +18,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict
 
-import src  # noqa: F401 - registers the config resolvers
+from src import api
 from tests import cli_server
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -97,8 +97,7 @@ def digits_run(tmp_path_factory: pytest.TempPathFactory, data_dir: Path) -> Path
 
     def train(log_dir: Path) -> None:
         overrides = ["data=digits", "model/net=mlp", "trainer.max_epochs=2", "run_name=mlp"]
-        result = run_cli("train", *overrides, log_dir=log_dir, data_dir=data_dir)
-        assert result.returncode == 0, result.stderr[-3000:]
+        api.train([*paths(log_dir, data_dir), *overrides])
 
     return built_once(tmp_path_factory, "digits_run", train) / "train" / "runs" / "mlp"
 
@@ -118,8 +117,10 @@ def seeds_sweep(tmp_path_factory: pytest.TempPathFactory, data_dir: Path) -> Pat
     return sweep_dir
 
 
+# part: segmentation
 # A few scenes: enough for every class to appear in each split, seconds to train.
 SMALL_SCENES = ["data.scenes=[192,64,64]", "data.batch_size=32"]
+# /part
 # One batch of each stage, with the callbacks a debug preset would turn off.
 ONE_BATCH = [
     "trainer.max_epochs=1",
@@ -127,16 +128,19 @@ ONE_BATCH = [
 ]
 
 
+# part: segmentation
 @pytest.fixture(scope="session")
 def segment_run(tmp_path_factory: pytest.TempPathFactory, data_dir: Path) -> Path:
     """`python src/train.py experiment=segment_digits` on a few scenes for two epochs, named `seg`."""
 
     def train(log_dir: Path) -> None:
         overrides = ["experiment=segment_digits", *SMALL_SCENES, "trainer.max_epochs=2", "run_name=seg"]
-        result = run_cli("train", *overrides, "logger=csv", log_dir=log_dir, data_dir=data_dir)
-        assert result.returncode == 0, result.stderr[-3000:]
+        api.train([*paths(log_dir, data_dir), *overrides])
 
     return built_once(tmp_path_factory, "segment_run", train) / "train" / "runs" / "seg"
+
+
+# /part
 
 
 def csv_unless_chosen(config_name: str, overrides: Sequence[str]) -> list[str]:
@@ -151,8 +155,14 @@ def csv_unless_chosen(config_name: str, overrides: Sequence[str]) -> list[str]:
 def here(tmp_path: Path, data_dir: Path) -> list[str]:
     """The overrides that keep a run's files in tmp_path and read the session's data dir, put before a test's
     own in a `src.api` call (`api.train([*here, "data=digits"])`): a later `logger=` overrides the CSV one."""
+    return paths(tmp_path, data_dir)
+
+
+def paths(log_dir: Path, data_dir: Path) -> list[str]:
+    """A run's logs into `log_dir`, its data from `data_dir`, its metrics into a CSV log (tests read it, and a
+    generated project may default to wandb, which needs a login); no config tree on the console."""
     return [
-        f"paths.log_dir={tmp_path}",
+        f"paths.log_dir={log_dir}",
         f"paths.data_dir={data_dir}",
         "extras.print_config=false",
         "logger=csv",
