@@ -32,7 +32,7 @@ MAINTAINER_DOCS = "docs/maintainers"
 # What a project may leave out: scripts/parts.yaml, read by choose_parts().
 PARTS_FILE = "scripts/parts.yaml"
 # The template's own upkeep, which no project keeps: these files, and the lines marked with the part `template`.
-TEMPLATE_ONLY = [PARTS_FILE, "tests/test_parts.py"]
+TEMPLATE_ONLY = [PARTS_FILE, "tests/maintainers"]  # tests/maintainers: generation, docs walk, linters
 # A line kept only with some parts ends in `[part: a, b]`; a block is kept only with them between a start line
 # `# part: a, b` (`<!-- part: a, b -->` in Markdown) and an end line `# /part` (`<!-- /part -->`).
 LINE_TAG = re.compile(r"\s*\[part: ([\w, -]+)\]\s*$")
@@ -275,7 +275,10 @@ def choose_parts(manifest: dict[str, dict], kept: set[str]) -> None:
             if new != text:
                 path.write_text(new)
     for path in TEMPLATE_ONLY:
-        (ROOT / path).unlink(missing_ok=True)
+        if (ROOT / path).is_dir():
+            shutil.rmtree(ROOT / path)
+        else:
+            (ROOT / path).unlink(missing_ok=True)
 
 
 if __name__ == "__main__":

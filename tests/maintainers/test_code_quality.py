@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RUFF = shutil.which("ruff", path=str(Path(sys.executable).parent))  # the venv's ruff, from the dev extra
 
 

@@ -49,7 +49,7 @@ from hydra.core.override_parser.types import Glob, IntervalSweep, Override
 from hydra.types import RunMode
 from omegaconf import DictConfig, open_dict, read_write
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONFIG_DIR = ROOT / "configs"
 # The README a generated project gets; it becomes README.md at the root, so its links start there.
 PROJECT_README = "scripts/project_readme.md"

@@ -236,8 +236,7 @@ def test_a_generated_project_names_only_what_it_has(template_copy: Path, tmp_pat
     for path in new_project.files_left_out(MANIFEST, kept):
         assert not (project / path).exists(), path
     assert (
-        not (project / "scripts" / "parts.yaml").exists()
-        and not (project / "tests" / "test_parts.py").exists()
+        not (project / "scripts" / "parts.yaml").exists() and not (project / "tests" / "maintainers").exists()
     )
     assert 'requires-python = ">=3.12"' in (project / "pyproject.toml").read_text()
     assert missing_references(project, kept) == []
