@@ -27,8 +27,8 @@ CONFIG_DIR = ROOT / "configs"
 # `make test` runs two test processes (pytest -n 2), each starting training processes: with one thread
 # per process instead of one per core they do not oversubscribe the cores (5 min instead of 6.5 on 2 cores).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-# No other variable is set for all tests: one that users do not set could hide a bug they meet (MLflow's
-# MLFLOW_ALLOW_FILE_STORE did). A test with a wandb logger passes `logger.wandb.offline=true`, as the config
+# No other variable is set for all tests: one that users do not set could hide a bug they meet (a logger's
+# switch to allow its file store once did). A test with a wandb logger passes `logger.wandb.offline=true`, as the config
 # documents, so it needs no login and no network (or, where Lightning refuses that, WANDB_MODE=offline for
 # that one command: see its comment).
 

@@ -78,7 +78,7 @@ def test_data_options_instantiate(compose_cfg, option):
 # The data options each model option is checked with: (data, input batch shape, output shape).
 MODEL_CHECKS = {
     "classifier": [("mnist5k", (2, 1, 28, 28), (2, 10)), ("digits", (2, 1, 8, 8), (2, 10))],
-    "segmenter": [("digit_scenes", (2, 1, 64, 64), (2, 11, 64, 64))],
+    "segmenter": [("digit_scenes", (2, 1, 64, 64), (2, 11, 64, 64))],  # [part: segmentation]
     "text_classifier": [("example_texts", (2, 12), (2, 3))],  # (texts, tokens)  [part: text]
 }
 # What a model option needs besides its data, and its input batch of the checked shape (default: zeros).

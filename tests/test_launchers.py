@@ -1,4 +1,6 @@
-"""Scaling out by override only: torchrun on one node and on two, SLURM through submitit, SLURM requeue."""
+"""Scaling out by override only: torchrun on one node and on two, a SLURM job's requeue, the ranks' files.
+And the cluster launchers: SLURM and local jobs through submitit.  [part: cluster]
+"""
 
 import csv
 import os

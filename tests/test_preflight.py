@@ -110,7 +110,9 @@ def test_a_sweep_inside_a_multi_task_slurm_step_is_refused(compose_cfg, monkeypa
         RuntimeError, match=r"as 4 processes, .* a launcher that submits one cluster job per job"
     ):
         check(compose_cfg, "hydra.mode=MULTIRUN")
-    check(compose_cfg, "hydra.mode=MULTIRUN", "hydra/launcher=submitit_slurm")  # submitit's tasks are jobs
+    # part: cluster
+    check(compose_cfg, "hydra.mode=MULTIRUN", "hydra/launcher=submitit_slurm")  # its tasks are jobs
+    # /part
 
 
 def test_a_bad_combination_fails_in_one_line_before_training(tmp_path: Path, data_dir: Path):

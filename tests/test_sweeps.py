@@ -99,7 +99,7 @@ def test_a_failed_grid_job_is_in_the_summary_with_its_error(tmp_path: Path, data
 
 
 def test_variants_count_failed_repeats_without_averaging_them(tmp_path: Path):
-    # The result.json of an Optuna study that searches `seed` among its values: trials 0-2 repeat lr=0.1.
+    # The result.json of a search over `seed` among its values: trials 0-2 repeat lr=0.1.
     results = [
         (0, "completed", ["lr=0.1", "seed=1"], {"val/loss": 0.5, "test/loss": 0.6}),
         (1, "completed", ["lr=0.1", "seed=2"], {"val/loss": 0.3, "test/loss": 0.4}),
