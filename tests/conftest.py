@@ -18,14 +18,16 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict
 
-from src import api
+import src  # noqa: F401 - registers the config resolvers
 from tests import cli_server
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG_DIR = ROOT / "configs"
 
-# `make test` runs two test processes (pytest -n 2), each starting training processes: with one thread
-# per process instead of one per core they do not oversubscribe the cores (5 min instead of 6.5 on 2 cores).
+# `make test` runs two test processes (pytest -n 2), each training in-process and starting training processes:
+# with one thread per process instead of one per core they do not oversubscribe the cores (5 min instead of
+# 6.5 on 2 cores). Set before torch is first imported (by the test modules), so the test processes' own
+# runs use one thread too, as the commands they start do.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 # No other variable is set for all tests: one that users do not set could hide a bug they meet (a logger's
 # switch to allow its file store once did). A test with a wandb logger passes `logger.wandb.offline=true`, as the config
@@ -96,6 +98,8 @@ def digits_run(tmp_path_factory: pytest.TempPathFactory, data_dir: Path) -> Path
     their own outputs (eval and predict runs, exports with output=) into their own tmp_path."""
 
     def train(log_dir: Path) -> None:
+        from src import api
+
         overrides = ["data=digits", "model/net=mlp", "trainer.max_epochs=2", "run_name=mlp"]
         api.train([*paths(log_dir, data_dir), *overrides])
 
@@ -134,6 +138,8 @@ def segment_run(tmp_path_factory: pytest.TempPathFactory, data_dir: Path) -> Pat
     """`python src/train.py experiment=segment_digits` on a few scenes for two epochs, named `seg`."""
 
     def train(log_dir: Path) -> None:
+        from src import api
+
         overrides = ["experiment=segment_digits", *SMALL_SCENES, "trainer.max_epochs=2", "run_name=seg"]
         api.train([*paths(log_dir, data_dir), *overrides])
 

@@ -3,6 +3,7 @@
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import time
@@ -15,11 +16,12 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.demos.boring_classes import BoringModel
 from omegaconf import OmegaConf, open_dict
 
+from src import api
 from src.callbacks.interrupt_checkpoint import InterruptCheckpoint
 from src.run.checkpoints import AtomicCheckpointIO, load_checkpoint
 from src.run.resume import plan_resume
 from tests.cli_server import Started
-from tests.conftest import ROOT, only_run_dir, run_cli, start_cli, wandb_records
+from tests.conftest import ROOT, paths, run_cli, start_cli, wandb_records
 from tests.helpers import StopAt
 
 # Digits + MLP, 2 epochs of 21 steps, every random choice seeded and deterministic.
@@ -97,37 +99,31 @@ def test_a_named_run_continues_exactly_where_it_was_interrupted(tmp_path: Path, 
     assert results(resumed["final_metrics"]) == results(record(uninterrupted)["final_metrics"])
 
 
-@pytest.mark.slow
-def test_a_finished_run_is_not_reused_and_resume_never_starts_beside_it(tmp_path: Path, data_dir: Path):
-    first = run_cli("train", "debug=fdr", "run_name=done", log_dir=tmp_path, data_dir=data_dir)
-    assert first.returncode == 0, first.stderr[-3000:]
-    again = run_cli("train", "debug=fdr", "run_name=done", log_dir=tmp_path, data_dir=data_dir)
-    assert again.returncode != 0
-    assert "run done (" in again.stderr and "already finished on" in again.stderr
-    assert "resume=never (it becomes done-2) or another run_name" in again.stderr
-    fresh = run_cli(
-        "train", "debug=fdr", "run_name=done", "resume=never", log_dir=tmp_path, data_dir=data_dir
+def test_a_finished_run_is_not_reused_and_resume_never_starts_beside_it(here: list[str], tmp_path: Path):
+    api.train([*here, "debug=fdr", "run_name=done"])
+    with pytest.raises(
+        FileExistsError, match=r"run done \(.*already finished on .*resume=never \(it becomes done-2\) or"
+    ):
+        api.train([*here, "debug=fdr", "run_name=done"])
+    fresh = api.train([*here, "debug=fdr", "run_name=done", "resume=never"])
+    assert (
+        fresh.run_dir == run_dir_of(tmp_path, "done-2", "debug")
+        and record(fresh.run_dir)["status"] == "completed"
     )
-    assert fresh.returncode == 0, fresh.stderr[-3000:]
-    assert record(run_dir_of(tmp_path, "done-2", "debug"))["status"] == "completed"
     assert record(run_dir_of(tmp_path, "done", "debug"))["status"] == "completed"  # the first is untouched
 
 
-@pytest.mark.slow
-def test_a_run_is_not_continued_with_another_config_and_keeps_its_snapshot(tmp_path: Path, data_dir: Path):
-    common = ["debug=limit", "data=digits", "model/net=mlp", INTERRUPTIBLE, "run_name=tuned"]
-    first = run_cli(
-        "train", *common, log_dir=tmp_path, data_dir=data_dir, env=WITH_TESTS | {"INTERRUPT_AT_STEP": "3"}
-    )
-    assert first.returncode != 0
+def test_a_run_is_not_continued_with_another_config_and_keeps_its_snapshot(here: list[str], tmp_path: Path):
+    common = [*here, "debug=limit", "data=digits", "model/net=mlp", "run_name=tuned"]
+    StopAt.moment = (3, None)  # SIGTERM after step 3, as a cluster's preemption
+    with pytest.raises(SystemExit):
+        api.train([*common, "+callbacks.stop._target_=tests.helpers.StopAt"])
     run_dir = run_dir_of(tmp_path, "tuned", "debug")
     snapshot = (run_dir / ".hydra" / "config.yaml").read_text()
 
-    changed = run_cli(
-        "train", *common, "model.optimizer.lr=0.5", log_dir=tmp_path, data_dir=data_dir, env=WITH_TESTS
-    )
-    assert changed.returncode != 0
-    assert "run tuned was started with another config (model.optimizer.lr: 0.001 -> 0.5)" in changed.stderr
+    changed = r"run tuned was started with another config \(model.optimizer.lr: 0.001 -> 0.5"
+    with pytest.raises(ValueError, match=changed):
+        api.train([*common, "+callbacks.stop._target_=tests.helpers.StopAt", "model.optimizer.lr=0.5"])
     assert (run_dir / ".hydra" / "config.yaml").read_text() == snapshot  # the first snapshot is kept
     assert len(list((run_dir / ".hydra" / "attempts").iterdir())) == 1  # the refused attempt's, beside it
     assert record(run_dir)["status"] == "interrupted"  # and the record is the first attempt's
@@ -139,10 +135,9 @@ def test_an_unknown_resume_mode_is_refused(compose_cfg, value):
         plan_resume(compose_cfg("train", [f"resume={value}"]))
 
 
-def test_a_run_name_with_a_path_in_it_is_refused(tmp_path: Path, data_dir: Path):
-    result = run_cli("train", "run_name=../elsewhere", log_dir=tmp_path, data_dir=data_dir)
-    assert result.returncode != 0
-    assert "run_name='../elsewhere' is not a valid directory name" in result.stderr
+def test_a_run_name_with_a_path_in_it_is_refused(here: list[str]):
+    with pytest.raises(ValueError, match=r"run_name='../elsewhere' is not a valid directory name"):
+        api.train([*here, "run_name=../elsewhere"])
 
 
 def test_eval_run_dir_tests_the_checkpoint_the_run_tested_whatever_its_name(compose_cfg, tmp_path: Path):
@@ -225,14 +220,12 @@ def test_a_checkpoint_with_a_pickle_payload_is_refused_and_never_runs(
 ):
     marker, checkpoint = tmp_path / "pwned", tmp_path / "model.ckpt"
     torch.save({"state_dict": {}, "extra": _Payload(marker)}, checkpoint)
-    result = run_cli(
-        script, "data=digits", "model/net=mlp", f"ckpt_path={checkpoint}", log_dir=tmp_path, data_dir=data_dir
-    )
-    assert result.returncode != 0
-    assert (
+    task = {"train": api.train, "eval": api.evaluate}[script]
+    refused = re.escape(
         f"ckpt_path={checkpoint} holds Python objects that are not plain data, so it was not loaded"
-        in result.stderr
     )
+    with pytest.raises(ValueError, match=refused):
+        task([*paths(tmp_path, data_dir), "data=digits", "model/net=mlp", f"ckpt_path={checkpoint}"])
     assert not marker.exists()  # the payload did not run
 
 
@@ -396,8 +389,7 @@ def test_a_run_killed_from_outside_resumes_to_the_same_end_and_eval_tests_the_sa
     ]
     # A schedule sized by the run's length, which makes Lightning build the loader before it resumes.
     common += ["model/scheduler=warmup_cosine", "model.scheduler.warmup_steps=5"]  # [part: pretrained]
-    straight = run_cli("train", *common, "run_name=straight", log_dir=tmp_path, data_dir=data_dir)
-    assert straight.returncode == 0, straight.stderr[-3000:]
+    reference = api.train([*paths(tmp_path, data_dir), *common, "run_name=straight"]).run_dir
 
     run = start_cli(
         "train", *common, "run_name=killed", log_dir=tmp_path, data_dir=data_dir, output=tmp_path / "run.out"
@@ -413,15 +405,11 @@ def test_a_run_killed_from_outside_resumes_to_the_same_end_and_eval_tests_the_sa
         path.name: load_checkpoint(path)["global_step"] for path in (killed / "checkpoints").glob("*.ckpt")
     }
 
-    resumed = run_cli("train", *common, "run_name=killed", log_dir=tmp_path, data_dir=data_dir)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    reference = run_dir_of(tmp_path, "straight")
+    api.train([*paths(tmp_path, data_dir), *common, "run_name=killed"])  # the same command again
     assert_same_outcome(outcome(killed), outcome(reference), f"killed with {left}")
     # What eval reports for each run: the test metrics the run recorded, of the same checkpoint.
     for run_dir in (killed, reference):
-        evaluated = run_cli("eval", f"run_dir={run_dir}", log_dir=tmp_path / run_dir.name, data_dir=data_dir)
-        assert evaluated.returncode == 0, evaluated.stderr[-3000:]
-        evaluation = record(only_run_dir(tmp_path / run_dir.name, "eval"))
+        evaluation = record(api.evaluate([*paths(tmp_path, data_dir), f"run_dir={run_dir}"]).run_dir)
         assert evaluation["final_metrics"]["test/acc"] == record(reference)["final_metrics"]["test/acc"]
         assert evaluation["tested_checkpoint"] == str(run_dir / "checkpoints" / "best.ckpt")
 
@@ -443,10 +431,9 @@ def test_sigterm_saves_a_checkpoint_exits_143_and_the_run_resumes_from_it(tmp_pa
     assert record(run_dir)["status"] == "interrupted"
     saved = load_checkpoint(run_dir / "checkpoints" / "interrupted.ckpt")["global_step"]
 
-    resumed = run_cli("train", *common, log_dir=tmp_path, data_dir=data_dir)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    api.train([*paths(tmp_path, data_dir), *common])  # the same command again
     assert f"Restoring states from the checkpoint path at {run_dir / 'checkpoints' / 'interrupted.ckpt'}" in (
-        resumed.stdout + resumed.stderr
+        (run_dir / "train.log").read_text()
     )
     assert load_checkpoint(run_dir / "checkpoints" / "last.ckpt")["global_step"] == 20 * 21 > saved
 
