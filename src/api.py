@@ -13,6 +13,7 @@ a run directory with run.json, its log file and the .hydra/ snapshot. docs/pytho
 """
 
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -118,15 +119,18 @@ def _run(task_name: str, task: Callable[[DictConfig], Any], overrides: Sequence[
         run_dirs.append(Path(HydraConfig.get().runtime.output_dir))
         task(cfg)
 
-    # sys.argv as the command that runs the same, for run.json's `command` (a kernel's own would not say how),
-    # and the caller's logging back afterwards (Hydra points the root logger at the run's log file).
-    argv, root = sys.argv, logging.getLogger()
+    # sys.argv as the command that runs the same, for run.json's `command` (a kernel's own would not say how);
+    # afterwards the caller's logging (Hydra points the root logger at the run's log file) and environment
+    # (Lightning's PL_GLOBAL_SEED, a logger's settings) as they were.
+    argv, environ, root = sys.argv, dict(os.environ), logging.getLogger()
     handlers, level = list(root.handlers), root.level
     sys.argv = [f"src/{task_name}.py", *overrides]
     try:
         run_task(CONFIG_DIR, task_name, job, list(overrides))
     finally:
         sys.argv = argv
+        os.environ.clear()
+        os.environ.update(environ)
         for handler in set(root.handlers) - set(handlers):
             handler.close()
         root.handlers[:] = handlers

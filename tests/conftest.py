@@ -164,6 +164,12 @@ def here(tmp_path: Path, data_dir: Path) -> list[str]:
     return paths(tmp_path, data_dir)
 
 
+@pytest.fixture
+def here_for_inference(tmp_path: Path, data_dir: Path) -> list[str]:
+    """`here` for `api.predict` and `api.export`, whose configs have no logger to choose."""
+    return [override for override in paths(tmp_path, data_dir) if not override.startswith("logger=")]
+
+
 def paths(log_dir: Path, data_dir: Path) -> list[str]:
     """A run's logs into `log_dir`, its data from `data_dir`, its metrics into a CSV log (tests read it, and a
     generated project may default to wandb, which needs a login); no config tree on the console."""

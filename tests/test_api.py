@@ -2,6 +2,7 @@
 A test of another feature that needs a run calls `api.train([*here, ...])` the same way."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -42,9 +43,11 @@ def test_train_from_python_is_the_command_lines_run(here: list[str], tmp_path: P
 
 
 def test_training_twice_in_one_process_gives_the_same_metrics(here: list[str]):
+    environment = dict(os.environ)
     first, second = (api.train([*here, *DIGITS_MLP, "seed=7"]) for _ in range(2))
     assert first.run_dir != second.run_dir
     assert first.metrics == second.metrics
+    assert dict(os.environ) == environment  # no run leaves its variables (PL_GLOBAL_SEED) to the next
 
 
 def test_a_failing_run_raises_its_error_and_leaves_logging_as_it_was(here: list[str]):

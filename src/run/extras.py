@@ -27,15 +27,17 @@ LIGHTNING_TIPS = (
 )
 
 
+def no_tips(record: logging.LogRecord) -> bool:
+    return not record.getMessage().startswith(LIGHTNING_TIPS)
+
+
 def apply_extras(cfg: DictConfig) -> None:
     """Run the conveniences of `cfg.extras` before anything heavy is instantiated, and leave out of the run's
     output what Lightning prints in every run and no user can act on (see above)."""
     warnings.filterwarnings(
         "ignore", PYTREE_WARNING, FutureWarning, r"lightning\.pytorch\.utilities\._pytree"
     )
-    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(
-        lambda record: not record.getMessage().startswith(LIGHTNING_TIPS)
-    )
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(no_tips)  # once, however many runs
     extras = cfg.get("extras") or {}
     if extras.get("ignore_warnings"):
         warnings.filterwarnings("ignore")
