@@ -56,6 +56,7 @@ def test_the_configuration_reference_lists_every_callback_option():
 
 def test_throughput_and_the_model_summary_show_when_asked_for(tmp_path: Path, data_dir: Path):
     # Histograms and prediction pictures are checked in a real run with every logger (test_tracking.py).
+    # On the command line: the model summary is printed to the console only, not to the log file.
     overrides = ["data=digits", "model/net=mlp", "trainer.max_epochs=1"]
     result = run_cli(
         "train",
@@ -73,6 +74,8 @@ def test_throughput_and_the_model_summary_show_when_asked_for(tmp_path: Path, da
 def test_the_profiler_times_the_batch_hooks_that_do_something(tmp_path: Path, data_dir: Path):
     # Lightning would call every batch hook of every callback at each batch; the ones that are empty or idle
     # under the callback's settings are skipped (src/run/builder.py), the others still run and are timed.
+    # On the command line, whose output is a pipe as in a batch job: run from Python under `pytest -s` in a
+    # terminal, the progress bar would draw, and its batch hooks would run.
     result = run_cli(
         "train", "data=digits", "model/net=mlp", "debug=profiler", log_dir=tmp_path, data_dir=data_dir
     )

@@ -16,6 +16,7 @@ from lightning.pytorch.tuner.lr_finder import _LRFinder
 from omegaconf import OmegaConf
 from PIL import Image
 
+from src import api
 from src.callbacks.lr_finder import steepest_descent
 from src.run import preflight
 from src.run.checkpoints import load_checkpoint
@@ -46,7 +47,9 @@ RECORD_WEIGHTS = [
 
 
 def train_once(tmp_path_factory, data_dir: Path, name: str, overrides: list[str]) -> Path:
-    """The run dir of `python src/train.py <overrides> run_name=<name>`, trained once for the session."""
+    """The run dir of `python src/train.py <overrides> run_name=<name>`, trained once for the session. On the
+    command line: trainer.deterministic=true would leave torch's deterministic mode on in the test process,
+    and KillAtStep reads the environment."""
 
     def train(log_dir: Path) -> None:
         result = run_cli(
@@ -165,15 +168,11 @@ def test_without_the_warm_up_the_decay_is_constant_as_in_lightnings_ema(compose_
 
 
 @pytest.mark.slow
-def test_a_short_run_with_the_average_tests_about_as_well_as_without_it(
-    digits_run: Path, tmp_path: Path, data_dir: Path
-):
+def test_a_short_run_with_the_average_tests_about_as_well_as_without_it(digits_run: Path, here: list[str]):
     # digits_run, 42 steps, with the default average: a constant decay of 0.99 would still hold most of the
     # first step's weights at the end; the warm-up keeps the average near the recent weights.
     overrides = ["data=digits", "model/net=mlp", "trainer.max_epochs=2", "callbacks=[default,ema]"]
-    result = run_cli("train", *overrides, "run_name=ema", log_dir=tmp_path, data_dir=data_dir)
-    assert result.returncode == 0, result.stderr[-3000:]
-    averaged = json.loads((tmp_path / "train" / "runs" / "ema" / "run.json").read_text())["final_metrics"]
+    averaged = api.train([*here, *overrides, "run_name=ema"]).metrics
     raw = json.loads((digits_run / "run.json").read_text())["final_metrics"]
     assert averaged["test/acc"] >= raw["test/acc"] - 0.02
 
@@ -202,7 +201,7 @@ def test_a_bad_ema_setting_is_refused_naming_the_key_and_what_is_valid(
 
 
 def test_the_average_is_what_best_ckpt_holds_and_what_test_eval_predict_and_export_use(
-    ema_run: Path, tmp_path: Path, data_dir: Path
+    ema_run: Path, here: list[str]
 ):
     best = load_checkpoint(ema_run / "checkpoints" / "best.ckpt")
     steps = torch.load(ema_run / "weights_by_step.pt", weights_only=True)
@@ -215,11 +214,8 @@ def test_the_average_is_what_best_ckpt_holds_and_what_test_eval_predict_and_expo
 
     # The test after training ran on the average too: eval.py, which knows nothing of the average and loads
     # best.ckpt's state_dict, gets the same numbers.
-    result = run_cli("eval", f"run_dir={ema_run}", log_dir=tmp_path, data_dir=data_dir)
-    assert result.returncode == 0, result.stderr[-3000:]
-    (eval_dir,) = (tmp_path / "eval" / "runs").iterdir()
+    evaluated = api.evaluate([*here, f"run_dir={ema_run}"]).metrics
     trained = json.loads((ema_run / "run.json").read_text())["final_metrics"]
-    evaluated = json.loads((eval_dir / "run.json").read_text())["final_metrics"]
     assert evaluated["test/loss"] == pytest.approx(trained["test/loss"], rel=1e-6)
 
     # part: predict

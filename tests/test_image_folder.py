@@ -16,11 +16,12 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from PIL import Image
 
+from src import api
 from src.data.components.collate import pad_collate
 from src.data.components.example_images import CLASS_NAMES, make_example_images
 from src.data.components.mnist5k_file import load_mnist5k
 from src.run.preprocessing import follow_the_weights
-from tests.conftest import ROOT, last_metrics, only_run_dir, run_cli
+from tests.conftest import ROOT, last_metrics, only_run_dir, paths, run_cli
 
 SIZES = [(20, 24), (32, 32), (40, 28)]  # (width, height): mixed on purpose
 
@@ -372,19 +373,17 @@ def test_a_corrupt_image_fails_with_its_name_or_is_skipped_and_counted(image_fol
     assert read_everything(skipping) == 7
 
 
-def test_an_unreadable_image_fails_the_run_before_training_in_one_line(tmp_path: Path, data_dir: Path):
+def test_an_unreadable_image_fails_the_run_before_training_in_one_line(tmp_path: Path, here: list[str]):
     labels = write_label_folder(tmp_path / "images", ["cat", "dog"] * 6)
     bad = tmp_path / "images" / "img_4.png"
     bad.write_text("not an image\n")  # a text file named .png
-    result = run_cli(
-        "train", "data=image_folder", f"data.image_dir={tmp_path / 'images'}", f"data.label_file={labels}",
-        "data.num_classes=2", "data.input_shape=[3,16,16]", "model/net=mlp", "trainer.max_epochs=1",
-        log_dir=tmp_path / "logs", data_dir=data_dir,
-    )  # fmt: skip
-    assert result.returncode != 0
-    expected = f"cannot read image {bad} (cannot identify image file"
-    assert any(expected in line and "data.skip_corrupt=true" in line for line in result.stderr.splitlines())
-    assert not (only_run_dir(tmp_path / "logs") / "checkpoints").exists()  # nothing was trained or saved
+    expected = re.escape(f"cannot read image {bad} (cannot identify image file") + ".*data.skip_corrupt=true"
+    with pytest.raises(RuntimeError, match=expected):  # `.` matches no line break: one line says both
+        api.train([
+            *here, "data=image_folder", f"data.image_dir={tmp_path / 'images'}", f"data.label_file={labels}",
+            "data.num_classes=2", "data.input_shape=[3,16,16]", "model/net=mlp", "trainer.max_epochs=1",
+        ])  # fmt: skip
+    assert not (only_run_dir(tmp_path) / "checkpoints").exists()  # nothing was trained or saved
 
 
 def test_a_named_run_killed_mid_epoch_continues_with_the_same_command(tmp_path: Path, data_dir: Path):
@@ -595,14 +594,11 @@ def test_the_image_folder_example_writes_its_images_on_first_use_and_trains_to_9
     shutil.copytree(data_dir / cache.parent, data / cache.parent)
     # One of the example's 3 epochs (93 % test accuracy; 97 % after 3): the folder's images reach the net as
     # the digits they are.
-    result = run_cli(
-        "train", "experiment=mnist_images", "trainer.max_epochs=1", log_dir=tmp_path / "logs", data_dir=data
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    where = paths(tmp_path / "logs", data)  # its own data dir, not the session's
+    run_dir = api.train([*where, "experiment=mnist_images", "trainer.max_epochs=1"]).run_dir
     assert sorted(p.name for p in data.iterdir()) == ["mnist5k", "mnist_images"]  # nothing half-written left
     assert len(list((data / "mnist_images" / "images").glob("*.png"))) == 5000
     assert len((data / "mnist_images" / "test.csv").read_text().splitlines()) == 501  # a header and 500
-    run_dir = only_run_dir(tmp_path / "logs")
     assert last_metrics(run_dir)["test/acc"] >= 0.90
     assert json.loads((run_dir / "class_names.json").read_text())[:3] == ["zero", "one", "two"]
     checkpoint = torch.load(run_dir / "checkpoints" / "best.ckpt", weights_only=True)  # plain data only

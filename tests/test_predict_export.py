@@ -2,6 +2,7 @@
 
 import csv
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -9,11 +10,12 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from src import api
 from src.inference import export_formats
 from src.inference.inputs import expand_inputs
 from src.run.checkpoints import load_checkpoint
 from src.run.trained_run import TrainedRun, load_model, with_run_precision
-from tests.conftest import last_metrics, only_run_dir, run_cli
+from tests.conftest import last_metrics
 
 
 @pytest.fixture
@@ -27,10 +29,8 @@ def read_csv(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(file))
 
 
-def test_predictions_on_the_test_split_agree_with_trainer_test(trained: Path, tmp_path: Path, data_dir: Path):
-    result = run_cli("predict", f"run_dir={trained}", log_dir=tmp_path, data_dir=data_dir)
-    assert result.returncode == 0, result.stderr[-3000:]
-    out = only_run_dir(tmp_path, "predict")
+def test_predictions_on_the_test_split_agree_with_trainer_test(trained: Path, here_for_inference: list[str]):
+    out = api.predict([*here_for_inference, f"run_dir={trained}"]).run_dir
     rows = read_csv(out / "predictions.csv")
     assert len(rows) == 250  # the digits test split
     assert {row["predicted_name"] for row in rows} <= {str(i) for i in range(10)}
@@ -44,17 +44,14 @@ def test_predictions_on_the_test_split_agree_with_trainer_test(trained: Path, tm
 
 
 def test_predictions_on_image_files_need_only_the_checkpoint(
-    trained: Path, digit_files: Path, tmp_path: Path, data_dir: Path
+    trained: Path, digit_files: Path, tmp_path: Path, here_for_inference: list[str]
 ):
     checkpoint = tmp_path / "elsewhere" / "model.ckpt"  # outside any run dir: no config beside it
     checkpoint.parent.mkdir()
     checkpoint.write_bytes((trained / "checkpoints" / "best.ckpt").read_bytes())
     inputs = f"inputs=[{digit_files},{digit_files}/0_*.png]"  # a folder and a glob
-    result = run_cli(
-        "predict", f"ckpt_path={checkpoint}", inputs, "top_k=3", log_dir=tmp_path, data_dir=data_dir
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    rows = read_csv(only_run_dir(tmp_path, "predict") / "predictions.csv")
+    predicted = api.predict([*here_for_inference, f"ckpt_path={checkpoint}", inputs, "top_k=3"])
+    rows = read_csv(predicted.run_dir / "predictions.csv")
     assert [Path(row["file"]).name for row in rows] == [f.name for f in sorted(digit_files.iterdir())] + [
         "0_0.png"
     ]
@@ -63,14 +60,11 @@ def test_predictions_on_image_files_need_only_the_checkpoint(
     assert correct >= 4  # resized from 24x24 back to 8x8 as in training: mostly right
 
 
-def test_eval_by_run_dir_tests_the_run_with_its_own_data_and_model(
-    trained: Path, tmp_path: Path, data_dir: Path
-):
+def test_eval_by_run_dir_tests_the_run_with_its_own_data_and_model(trained: Path, here: list[str]):
     """`python src/eval.py run_dir=<run>`: a run trained with data=digits model/net=mlp needs neither again."""
     # data.batch_size: a single key set on top of the run's data config, which stays the digits
-    result = run_cli("eval", f"run_dir={trained}", "data.batch_size=100", log_dir=tmp_path, data_dir=data_dir)
-    assert result.returncode == 0, result.stderr[-3000:]
-    evaluated = json.loads((only_run_dir(tmp_path, "eval") / "run.json").read_text())
+    run = api.evaluate([*here, f"run_dir={trained}", "data.batch_size=100"])
+    evaluated = json.loads((run.run_dir / "run.json").read_text())
     assert evaluated["config"]["data"]["batch_size"] == 100
     tested = json.loads((trained / "run.json").read_text())["final_metrics"]["test/acc"]
     assert evaluated["final_metrics"]["test/acc"] == pytest.approx(tested)
@@ -80,36 +74,31 @@ def test_eval_by_run_dir_tests_the_run_with_its_own_data_and_model(
 
 @pytest.mark.slow
 def test_eval_of_a_checkpoint_outside_a_run_dir_takes_its_training_options(
-    trained: Path, tmp_path: Path, data_dir: Path
+    trained: Path, tmp_path: Path, here: list[str]
 ):
     checkpoint = tmp_path / "elsewhere" / "model.ckpt"  # no run.json beside it
     checkpoint.parent.mkdir()
     checkpoint.write_bytes((trained / "checkpoints" / "best.ckpt").read_bytes())
-    alone = run_cli("eval", f"ckpt_path={checkpoint}", log_dir=tmp_path / "alone", data_dir=data_dir)
-    assert alone.returncode != 0  # the default model/net (simple_cnn) is not the MLP it holds
-    assert f"ckpt_path={checkpoint} does not fit this model (" in alone.stderr
-    assert "was it trained with another model=, model/net=, data= or mode=" in alone.stderr
+    with pytest.raises(  # the default model/net (simple_cnn) is not the MLP it holds
+        ValueError,
+        match=rf"ckpt_path={re.escape(str(checkpoint))} does not fit this model \(.*\); "
+        r"was it trained with another model=, model/net=, data= or mode=",
+    ):
+        api.evaluate([*here, f"ckpt_path={checkpoint}"])
     as_trained = ["data=digits", "model/net=mlp", f"ckpt_path={checkpoint}"]  # its training run's overrides
-    result = run_cli("eval", *as_trained, log_dir=tmp_path, data_dir=data_dir)
-    assert result.returncode == 0, result.stderr[-3000:]
+    run = api.evaluate([*here, *as_trained])
     tested = json.loads((trained / "run.json").read_text())["final_metrics"]["test/acc"]
-    assert last_metrics(only_run_dir(tmp_path, "eval"))["test/acc"] == pytest.approx(tested)
+    assert last_metrics(run.run_dir)["test/acc"] == pytest.approx(tested)
 
 
 @pytest.mark.parametrize("fmt", ["onnx", "torch_export", "state_dict"])
 @pytest.mark.slow
-def test_each_export_format_passes_its_parity_check(trained: Path, tmp_path: Path, data_dir: Path, fmt: str):
+def test_each_export_format_passes_its_parity_check(
+    trained: Path, tmp_path: Path, here_for_inference: list[str], fmt: str
+):
     artifact = tmp_path / f"model.{fmt}"
-    result = run_cli(
-        "export",
-        f"run_dir={trained}",
-        f"format={fmt}",
-        f"output={artifact}",
-        log_dir=tmp_path,
-        data_dir=data_dir,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "Parity check passed" in result.stdout + result.stderr
+    exported = api.export([*here_for_inference, f"run_dir={trained}", f"format={fmt}", f"output={artifact}"])
+    assert "Parity check passed" in (exported.run_dir / "export.log").read_text()
     sidecar = json.loads(artifact.with_name(artifact.name + ".json").read_text())
     assert sidecar["format"] == fmt and sidecar["parity"]["max_diff"] <= 1e-5
     assert sidecar["input"]["shape"] == ["batch", 1, 8, 8] and sidecar["input"]["image_mode"] == "L"
@@ -123,15 +112,16 @@ def test_each_export_format_passes_its_parity_check(trained: Path, tmp_path: Pat
 
 
 @pytest.mark.slow
-def test_a_broken_export_fails_its_parity_check(trained: Path, tmp_path: Path, data_dir: Path):
+def test_a_broken_export_fails_its_parity_check(trained: Path, tmp_path: Path, here_for_inference: list[str]):
     artifact = tmp_path / "exports" / "model.onnx"
     artifact.parent.mkdir()
     artifact.write_bytes(b"an earlier export")
     # ONNX Runtime differs by ~1e-7.
     strict = ["format=onnx", f"output={artifact}", "overwrite=true", "tolerance=1e-12"]
-    result = run_cli("export", f"run_dir={trained}", *strict, log_dir=tmp_path, data_dir=data_dir)
-    assert result.returncode != 0
-    assert "failed its parity check: its outputs differ from the model's by up to" in result.stderr
+    with pytest.raises(
+        ValueError, match=r"failed its parity check: its outputs differ from the model's by up to"
+    ):
+        api.export([*here_for_inference, f"run_dir={trained}", *strict])
     # Nothing of the failed export is kept, and the earlier artifact it would have replaced is untouched.
     assert [p.name for p in artifact.parent.iterdir()] == ["model.onnx"]
     assert artifact.read_bytes() == b"an earlier export"
@@ -168,7 +158,7 @@ def test_an_artifact_whose_outputs_have_another_shape_fails_its_parity_check(tra
 
 
 def test_a_checkpoint_without_preprocessing_predicts_on_its_test_split_and_refuses_image_files(
-    trained: Path, digit_files: Path, tmp_path: Path, data_dir: Path
+    trained: Path, digit_files: Path, tmp_path: Path, here_for_inference: list[str]
 ):
     """What a project that took predict after training has: checkpoints that record no preprocessing."""
     run = tmp_path / "run"
@@ -177,13 +167,11 @@ def test_a_checkpoint_without_preprocessing_predicts_on_its_test_split_and_refus
     del checkpoint["hyper_parameters"]["preprocessing"]
     torch.save(checkpoint, tmp_path / "stripped.ckpt")  # not over the file it was read from (memory-mapped)
     (tmp_path / "stripped.ckpt").replace(run / "checkpoints" / "best.ckpt")
-    result = run_cli("predict", f"run_dir={run}", log_dir=tmp_path / "logs", data_dir=data_dir)
-    assert result.returncode == 0, result.stderr[-3000:]
-    files = run_cli(
-        "predict", f"run_dir={run}", f"inputs={digit_files}", log_dir=tmp_path / "logs", data_dir=data_dir
-    )
-    assert files.returncode != 0
-    assert "a checkpoint that records no preprocessing does not say how an image file becomes" in files.stderr
+    api.predict([*here_for_inference, f"run_dir={run}"])
+    with pytest.raises(
+        ValueError, match=r"a checkpoint that records no preprocessing does not say how an image file becomes"
+    ):
+        api.predict([*here_for_inference, f"run_dir={run}", f"inputs={digit_files}"])
 
 
 def test_inputs_without_image_files_are_refused(tmp_path: Path):
@@ -193,59 +181,80 @@ def test_inputs_without_image_files_are_refused(tmp_path: Path):
 
 
 @pytest.mark.slow
-def test_an_export_never_overwrites_unless_asked(trained: Path, tmp_path: Path, data_dir: Path):
+def test_an_export_never_overwrites_unless_asked(
+    trained: Path, tmp_path: Path, here_for_inference: list[str]
+):
     args = [f"run_dir={trained}", "format=state_dict", f"output={tmp_path / 'w.pt'}"]
-    assert run_cli("export", *args, log_dir=tmp_path, data_dir=data_dir).returncode == 0
+    api.export([*here_for_inference, *args])
     written = (tmp_path / "w.pt").read_bytes()
-    again = run_cli("export", *args, log_dir=tmp_path, data_dir=data_dir)
-    assert (
-        again.returncode != 0
-        and f"{tmp_path / 'w.pt'} exists; give output=<another path>, or overwrite=true" in again.stderr
-    )
+    with pytest.raises(
+        FileExistsError,
+        match=re.escape(f"{tmp_path / 'w.pt'} exists; give output=<another path>, or overwrite=true"),
+    ):
+        api.export([*here_for_inference, *args])
     assert (tmp_path / "w.pt").read_bytes() == written
 
 
 @pytest.mark.parametrize(
-    ("script", "args", "message"),
+    ("script", "args", "error", "message"),
     [
-        ("predict", [], "predict needs a checkpoint: ckpt_path=<file.ckpt> or run_dir=logs/train/runs/<run>"),
-        ("predict", ["ckpt_path=/nowhere/model.ckpt"], "ckpt_path=/nowhere/model.ckpt does not exist"),
-        ("export", ["ckpt_path=/nowhere/model.ckpt"], "ckpt_path=/nowhere/model.ckpt does not exist"),
+        (
+            "predict",
+            [],
+            ValueError,
+            "predict needs a checkpoint: ckpt_path=<file.ckpt> or run_dir=logs/train/runs/<run>",
+        ),
+        (
+            "predict",
+            ["ckpt_path=/nowhere/model.ckpt"],
+            FileNotFoundError,
+            "ckpt_path=/nowhere/model.ckpt does not exist",
+        ),
+        (
+            "export",
+            ["ckpt_path=/nowhere/model.ckpt"],
+            FileNotFoundError,
+            "ckpt_path=/nowhere/model.ckpt does not exist",
+        ),
         (
             "export",
             ["run_dir=/nowhere"],
+            FileNotFoundError,
             "run_dir=/nowhere has no checkpoints/best.ckpt or checkpoints/last.ckpt",
         ),
         (
             "export",
             ["run_dir=.", "format=tflite"],
+            ValueError,
             "format=tflite is not an export format; choose one of onnx, torch_export, state_dict",
         ),
         (
             "predict",
             ["run_dir=RUN", "inputs=/nowhere/*.png"],
+            FileNotFoundError,
             "inputs: /nowhere/*.png is not a file, a folder or a pattern",
         ),
         (
             "predict",  # a checkpoint outside any run dir knows no data to predict on
             ["ckpt_path=TMP/loose.ckpt"],
+            ValueError,
             "predict needs images: give inputs=<image files, a folder or a glob>, or +data=<option>",
         ),
         (
             "export",
             ["run_dir=RUN", "format=state_dict", "output=TMP/w.pt", "parity_samples=1"],
+            ValueError,
             "the parity check needs at least 2 inputs (parity_samples=1), found 1",
         ),
     ],
 )
 def test_bad_predict_and_export_input_is_refused(
-    trained: Path, tmp_path: Path, data_dir: Path, script, args, message
+    trained: Path, tmp_path: Path, here_for_inference: list[str], script, args, error, message
 ):
     shutil.copy(trained / "checkpoints" / "best.ckpt", tmp_path / "loose.ckpt")
     args = [arg.replace("RUN", str(trained)).replace("TMP", str(tmp_path)) for arg in args]
-    result = run_cli(script, *args, log_dir=tmp_path, data_dir=data_dir)
-    assert result.returncode != 0
-    assert message in result.stderr
+    with pytest.raises(error, match=re.escape(message)):
+        getattr(api, script)([*here_for_inference, *args])
 
 
 def test_onnx_without_the_export_extra_names_it(monkeypatch: pytest.MonkeyPatch):

@@ -9,12 +9,13 @@ import numpy as np
 import pytest
 import torch
 
+from src import api
 from src.data.digit_scenes_datamodule import CLASS_NAMES, DigitScenesDataModule, build_scenes
 from src.models.components.torchvision_segmentation import TorchvisionSegmentation  # [part: pretrained]
 from src.models.components.unet import UNet
 from src.models.segmenter_module import SegmenterModule
 from tests import conftest  # [part: diagnostics]
-from tests.conftest import SMALL_SCENES, last_metrics, only_run_dir, run_cli
+from tests.conftest import SMALL_SCENES, last_metrics
 
 
 def scenes_module(data_dir: Path, **settings) -> DigitScenesDataModule:
@@ -62,9 +63,7 @@ def test_the_unet_keeps_any_image_size():
         assert net(torch.zeros(2, 3, *size)).shape == (2, 5, *size)
 
 
-def test_the_segmenter_trains_logs_its_metrics_and_eval_reproduces_them(
-    segment_run: Path, tmp_path: Path, data_dir: Path
-):
+def test_the_segmenter_trains_logs_its_metrics_and_eval_reproduces_them(segment_run: Path, here: list[str]):
     metrics = last_metrics(segment_run)
     for name in (
         "train/loss",
@@ -81,11 +80,8 @@ def test_the_segmenter_trains_logs_its_metrics_and_eval_reproduces_them(
     assert all(name in metrics for name in per_class)
     assert metrics["test/loss"] < math.log(11) + 1  # two epochs on 192 scenes: below an untrained net's loss
     assert math.isclose(metrics["test/miou"], np.mean([metrics[name] for name in per_class]), rel_tol=1e-4)
-    result = run_cli("eval", f"run_dir={segment_run}", log_dir=tmp_path, data_dir=data_dir)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert math.isclose(
-        last_metrics(only_run_dir(tmp_path, "eval"))["test/miou"], metrics["test/miou"], rel_tol=1e-5
-    )
+    evaluated = api.evaluate([*here, f"run_dir={segment_run}"])
+    assert math.isclose(last_metrics(evaluated.run_dir)["test/miou"], metrics["test/miou"], rel_tol=1e-5)
 
 
 def test_the_checkpoint_knows_the_class_names_and_how_to_read_an_image(segment_run: Path):
@@ -101,37 +97,29 @@ def test_the_checkpoint_knows_the_class_names_and_how_to_read_an_image(segment_r
     # /part
 
 
-def test_data_and_model_of_different_tasks_are_refused_before_training(tmp_path: Path, data_dir: Path):
-    result = run_cli(
-        "train", "data=digit_scenes", "model=classifier", *SMALL_SCENES, log_dir=tmp_path, data_dir=data_dir
-    )
-    assert result.returncode != 0
-    assert (
+def test_data_and_model_of_different_tasks_are_refused_before_training(here: list[str]):
+    refusal = (
         "the data (DigitScenesDataModule) gives segmentation samples but the model (ClassifierModule) is a "
         "classification model; choose a model option for segmentation"
-    ) in result.stderr
+    )
+    with pytest.raises(ValueError, match=re.escape(refusal)):
+        api.train([*here, "data=digit_scenes", "model=classifier", *SMALL_SCENES])
 
 
 # part: diagnostics
-def test_a_classification_only_callback_is_left_out_of_a_segmentation_run_with_one_line(
-    tmp_path: Path, data_dir: Path
-):
-    result = run_cli(
-        "train", "experiment=segment_digits", *SMALL_SCENES, *conftest.ONE_BATCH,
+def test_a_classification_only_callback_is_left_out_of_a_segmentation_run_with_one_line(here: list[str]):
+    run = api.train([
+        *here, "experiment=segment_digits", *SMALL_SCENES, *conftest.ONE_BATCH,
         "callbacks=[default,prediction_pictures]",
-        log_dir=tmp_path, data_dir=data_dir,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
+    ])  # fmt: skip
     left_out = "PredictionPictures fits classification models, not segmentation: it is left out of this run"
-    assert (result.stdout + result.stderr).count(left_out) == 1
+    assert (run.run_dir / "train.log").read_text().count(left_out) == 1
 
 
 # /part
 
 
-def test_the_first_loss_check_expects_ln_num_classes_per_pixel_plus_the_dice_loss(
-    tmp_path: Path, data_dir: Path
-):
+def test_the_first_loss_check_expects_ln_num_classes_per_pixel_plus_the_dice_loss(here: list[str]):
     # Inputs scaled 1000 times too large: the untrained net's first loss is far from ln(11).
     rigged = [
         "experiment=segment_digits",
@@ -140,10 +128,9 @@ def test_the_first_loss_check_expects_ln_num_classes_per_pixel_plus_the_dice_los
         "data.std=0.0002",
         "model.net.batch_norm=false",
     ]
-    result = run_cli("train", *rigged, log_dir=tmp_path, data_dir=data_dir)
-    assert result.returncode == 0, result.stderr[-3000:]
+    run = api.train([*here, *rigged])
     expected = "far from ln(11) = 2.4 per pixel plus 1 x a Dice loss of about 1, what an untrained segmenter"
-    assert expected in result.stdout + result.stderr
+    assert expected in (run.run_dir / "debug.log").read_text()  # a debug preset's run is task_name=debug
 
 
 def test_the_dice_loss_is_0_for_a_perfect_prediction_and_near_1_for_a_uniform_one():

@@ -13,8 +13,9 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from PIL import Image
 
+from src import api
 from src.data.segmentation_folder_datamodule import SegmentationFolderDataset
-from tests.conftest import last_metrics, only_run_dir, run_cli
+from tests.conftest import last_metrics, only_run_dir, paths
 from tests.test_folds import datamodule
 
 SIZES = [(24, 24), (32, 28), (40, 36), (28, 40)]  # (width, height): mixed on purpose
@@ -84,11 +85,9 @@ def test_a_folder_of_images_and_masks_trains_tests_and_evaluates(tmp_path: Path)
     # The README's command (data=segmentation_folder model=segmenter monitor=val/miou ...), on 12 small pairs.
     readme = ["monitor=val/miou", "data.class_names=[background,road,car]"]
     overrides = [*folder_overrides(tmp_path / "data"), *TINY_UNET, *readme, "trainer.max_epochs=1"]
-    logs = tmp_path / "logs"
-    result = run_cli("train", *overrides, "run_name=seg", log_dir=logs, data_dir=tmp_path / "data")
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "Checked 12 of 12 image/mask pairs of segmentation folder" in result.stdout + result.stderr
-    run_dir = logs / "train" / "runs" / "seg"
+    where = paths(tmp_path / "logs", tmp_path / "data")
+    run_dir = api.train([*where, *overrides, "run_name=seg"]).run_dir
+    assert "Checked 12 of 12 image/mask pairs of segmentation folder" in (run_dir / "train.log").read_text()
     metrics = last_metrics(run_dir)
     assert {"test/miou", "test/dice", "test/iou_background", "test/iou_car", "val/miou_best"} <= set(metrics)
     checkpoint = torch.load(run_dir / "checkpoints" / "best.ckpt", map_location="cpu", weights_only=True)
@@ -96,10 +95,9 @@ def test_a_folder_of_images_and_masks_trains_tests_and_evaluates(tmp_path: Path)
     assert "val/miou" in str(checkpoint["callbacks"])  # the best checkpoint is chosen by val/miou
     assert checkpoint["hyper_parameters"]["preprocessing"]["input_shape"] == [3, 32, 32]  # [part: predict]
 
-    evaluated = run_cli("eval", f"run_dir={run_dir}", log_dir=logs, data_dir=tmp_path / "data")
-    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
-    assert "Checked 0 of 12 image/mask pairs" in evaluated.stdout + evaluated.stderr  # all from the cache
-    evaluated_miou = last_metrics(only_run_dir(logs, "eval"))["test/miou"]
+    evaluated = api.evaluate([*where, f"run_dir={run_dir}"]).run_dir
+    assert "Checked 0 of 12 image/mask pairs" in (evaluated / "eval.log").read_text()  # all from the cache
+    evaluated_miou = last_metrics(evaluated)["test/miou"]
     assert math.isclose(evaluated_miou, metrics["test/miou"], rel_tol=1e-5)
 
 
@@ -242,10 +240,9 @@ def test_a_bad_file_fails_the_run_before_training_in_one_line_naming_it(case: st
     which, spoil, message = BAD_FILES[case]
     spoil(mask if which == "mask" else image)
     overrides = [*folder_overrides(tmp_path / "data"), *TINY_UNET, "trainer.max_epochs=1"]
-    result = run_cli("train", *overrides, log_dir=tmp_path / "logs", data_dir=tmp_path / "data")
-    assert result.returncode != 0
-    expected = message.format(image=image, mask=mask)
-    assert any(expected in line for line in result.stderr.splitlines()), result.stderr[-3000:]
+    with pytest.raises(RuntimeError, match=re.escape(message.format(image=image, mask=mask))) as failed:
+        api.train([*paths(tmp_path / "logs", tmp_path / "data"), *overrides])
+    assert "\n" not in str(failed.value)
     assert not (only_run_dir(tmp_path / "logs") / "checkpoints").exists()  # nothing was trained or saved
 
 

@@ -4,6 +4,7 @@ implement for either."""
 
 import csv
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -13,10 +14,11 @@ import torch
 from hydra.utils import instantiate
 from PIL import Image
 
+from src import api
 from src.data.digit_scenes_datamodule import CLASS_NAMES
 from src.inference import export_formats
 from src.run.trained_run import TrainedRun, load_model
-from tests.conftest import last_metrics, only_run_dir, run_cli
+from tests.conftest import last_metrics, paths, run_cli
 
 SEGMENTER = "module=src.models.segmenter_module.SegmenterModule"
 
@@ -51,10 +53,9 @@ def test_split_prediction(
     segment_run: Path, tmp_path_factory: pytest.TempPathFactory, data_dir: Path
 ) -> Path:
     """`python src/predict.py run_dir=<the segmentation run>`: its test split; the predict run's dir."""
-    log_dir = tmp_path_factory.mktemp("predict_test_split")
-    result = run_cli("predict", f"run_dir={segment_run}", log_dir=log_dir, data_dir=data_dir)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return only_run_dir(log_dir, "predict")
+    where = paths(tmp_path_factory.mktemp("predict_test_split"), data_dir)
+    where = [override for override in where if not override.startswith("logger=")]  # predict has no logger
+    return api.predict([*where, f"run_dir={segment_run}"]).run_dir
 
 
 def test_predict_on_the_test_split_gives_the_test_metrics(segment_run: Path, test_split_prediction: Path):
@@ -82,15 +83,17 @@ def test_predict_on_the_test_split_gives_the_test_metrics(segment_run: Path, tes
 
 
 def test_predict_on_image_files_writes_a_mask_and_a_preview_at_each_files_size(
-    segment_run: Path, scene_files: Path, test_split_prediction: Path, tmp_path: Path, data_dir: Path
+    segment_run: Path,
+    scene_files: Path,
+    test_split_prediction: Path,
+    tmp_path: Path,
+    here_for_inference: list[str],
 ):
     checkpoint = tmp_path / "elsewhere" / "seg.ckpt"  # outside any run dir: the checkpoint alone
     checkpoint.parent.mkdir()
     shutil.copy(segment_run / "checkpoints" / "best.ckpt", checkpoint)
     args = [f"ckpt_path={checkpoint}", f"inputs={scene_files}"]
-    result = run_cli("predict", *args, SEGMENTER, log_dir=tmp_path, data_dir=data_dir)
-    assert result.returncode == 0, result.stderr[-3000:]
-    out = only_run_dir(tmp_path, "predict")
+    out = api.predict([*here_for_inference, *args, SEGMENTER]).run_dir
     rows = read_csv(out / "predictions.csv")
     assert list(rows[0]) == [
         "index", "file", "mask", "preview", "height", "width", *(f"share_{name}" for name in CLASS_NAMES)
@@ -119,13 +122,12 @@ def test_predict_on_image_files_writes_a_mask_and_a_preview_at_each_files_size(
 @pytest.mark.parametrize("fmt", ["onnx", "torch_export"])
 @pytest.mark.slow
 def test_segmenter_exports_pass_their_parity_check_with_a_dynamic_batch(
-    segment_run: Path, tmp_path: Path, data_dir: Path, fmt: str
+    segment_run: Path, tmp_path: Path, here_for_inference: list[str], fmt: str
 ):
     artifact = tmp_path / f"unet.{fmt}"
     args = [f"run_dir={segment_run}", f"format={fmt}", f"output={artifact}"]
-    result = run_cli("export", *args, log_dir=tmp_path, data_dir=data_dir)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "Parity check passed" in result.stdout + result.stderr
+    exported = api.export([*here_for_inference, *args])
+    assert "Parity check passed" in (exported.run_dir / "export.log").read_text()
     sidecar = json.loads(artifact.with_name(artifact.name + ".json").read_text())
     assert sidecar["input"]["shape"] == ["batch", 1, 64, 64]
     output = sidecar["output"]
@@ -144,12 +146,15 @@ def test_segmenter_exports_pass_their_parity_check_with_a_dynamic_batch(
 
 
 @pytest.mark.slow
-def test_a_broken_segmenter_export_fails_its_parity_check(segment_run: Path, tmp_path: Path, data_dir: Path):
+def test_a_broken_segmenter_export_fails_its_parity_check(
+    segment_run: Path, tmp_path: Path, here_for_inference: list[str]
+):
     artifact = tmp_path / "unet.onnx"
     strict = ["format=onnx", f"output={artifact}", "tolerance=1e-12"]  # ONNX Runtime differs by ~1e-7
-    result = run_cli("export", f"run_dir={segment_run}", *strict, log_dir=tmp_path, data_dir=data_dir)
-    assert result.returncode != 0
-    assert "failed its parity check: its outputs differ from the model's by up to" in result.stderr
+    with pytest.raises(
+        ValueError, match=r"failed its parity check: its outputs differ from the model's by up to"
+    ):
+        api.export([*here_for_inference, f"run_dir={segment_run}", *strict])
     assert not [*tmp_path.glob("unet.onnx*"), *tmp_path.glob(".unet.onnx*")]  # nothing of it is kept
     # An artifact that crops the U-Net's output wrong fails on its shape.
     model = load_model(TrainedRun(segment_run / "checkpoints" / "best.ckpt", None), SEGMENTER.split("=")[1])
@@ -204,13 +209,13 @@ def test_a_task_module_without_the_predict_and_export_hooks_is_told_what_to_impl
 
 
 def test_a_segmentation_checkpoint_outside_its_run_is_refused_for_a_classifier(
-    segment_run: Path, scene_files: Path, tmp_path: Path, data_dir: Path
+    segment_run: Path, scene_files: Path, tmp_path: Path, here_for_inference: list[str]
 ):
     shutil.copy(segment_run / "checkpoints" / "best.ckpt", tmp_path / "seg.ckpt")
     args = [f"ckpt_path={tmp_path / 'seg.ckpt'}", f"inputs={scene_files}"]  # module= left at its default
-    result = run_cli("predict", *args, log_dir=tmp_path, data_dir=data_dir)
-    assert result.returncode != 0
-    assert (
+    refusal = (
         "was trained on segmentation data but module=src.models.classifier_module.ClassifierModule is a "
         "classification module; give module=<the LightningModule class it was trained with>"
-    ) in result.stderr
+    )
+    with pytest.raises(ValueError, match=re.escape(refusal)):
+        api.predict([*here_for_inference, *args])

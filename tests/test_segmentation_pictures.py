@@ -14,6 +14,7 @@ from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torchmetrics.classification import MulticlassConfusionMatrix, MulticlassJaccardIndex
 
+from src import api
 from src.callbacks.pictures import to_rgb
 from src.callbacks.segmentation_pictures import (
     IGNORED,
@@ -25,7 +26,7 @@ from src.callbacks.segmentation_pictures import (
 )
 from src.common.display import class_palette
 from src.run.builder import instantiate_group, skip_idle_batch_hooks
-from tests.conftest import ONE_BATCH, SMALL_SCENES, only_run_dir, run_cli
+from tests.conftest import ONE_BATCH, SMALL_SCENES
 
 TEST_PICTURES = ["test_iou_per_class.png", "test_segmentations.png"]
 NOT_SEGMENTATION = (
@@ -37,16 +38,12 @@ NOT_CLASSIFICATION = (
 
 
 @pytest.mark.slow
-def test_a_segmentation_training_sends_its_pictures_to_tensorboard_and_saves_the_test_ones(
-    tmp_path: Path, data_dir: Path
-):
-    result = run_cli(
-        "train", "experiment=segment_digits", *SMALL_SCENES, *ONE_BATCH, "logger=tensorboard",
-        "callbacks=[default,segmentation_pictures]", log_dir=tmp_path, data_dir=data_dir,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "left out of this run" not in result.stdout + result.stderr
-    run_dir = only_run_dir(tmp_path)
+def test_a_segmentation_training_sends_its_pictures_to_tensorboard_and_saves_the_test_ones(here: list[str]):
+    run_dir = api.train([
+        *here, "experiment=segment_digits", *SMALL_SCENES, *ONE_BATCH, "logger=tensorboard",
+        "callbacks=[default,segmentation_pictures]",
+    ]).run_dir  # fmt: skip
+    assert "left out of this run" not in (run_dir / "train.log").read_text()
     assert sorted(p.name for p in (run_dir / "pictures").iterdir()) == TEST_PICTURES
     segmentations = Image.open(run_dir / "pictures" / "test_segmentations.png")
     assert segmentations.size[1] > 8 * 150  # num_samples=8 rows of input | ground truth | prediction
@@ -61,24 +58,19 @@ def test_a_segmentation_training_sends_its_pictures_to_tensorboard_and_saves_the
     assert (logged.width, logged.height) == segmentations.size  # the PNG is what TensorBoard shows
 
 
-def test_eval_of_a_segmentation_run_draws_its_test_pictures(
-    segment_run: Path, tmp_path: Path, data_dir: Path
-):
-    result = run_cli("eval", f"run_dir={segment_run}", log_dir=tmp_path, data_dir=data_dir)
-    assert result.returncode == 0, result.stderr[-3000:]
-    pictures = only_run_dir(tmp_path, "eval") / "pictures"
-    assert sorted(p.name for p in pictures.iterdir()) == TEST_PICTURES
-    assert (result.stdout + result.stderr).count(NOT_CLASSIFICATION) == 1
+def test_eval_of_a_segmentation_run_draws_its_test_pictures(segment_run: Path, here: list[str]):
+    run = api.evaluate([*here, f"run_dir={segment_run}"])
+    assert sorted(p.name for p in (run.run_dir / "pictures").iterdir()) == TEST_PICTURES
+    assert (run.run_dir / "eval.log").read_text().count(NOT_CLASSIFICATION) == 1
 
 
 def test_eval_of_a_classifier_draws_the_classification_pictures_with_one_line_more(
-    digits_run: Path, tmp_path: Path, data_dir: Path
+    digits_run: Path, here: list[str]
 ):
-    result = run_cli("eval", f"run_dir={digits_run}", log_dir=tmp_path, data_dir=data_dir)
-    assert result.returncode == 0, result.stderr[-3000:]
-    pictures = only_run_dir(tmp_path, "eval") / "pictures"
+    run = api.evaluate([*here, f"run_dir={digits_run}"])
+    pictures = run.run_dir / "pictures"
     assert sorted(p.name for p in pictures.iterdir()) == ["test_confusion_matrix.png", "test_predictions.png"]
-    output = result.stdout + result.stderr
+    output = (run.run_dir / "eval.log").read_text()
     # The segmentation pictures eval composes are left out before they are made: one line, not two.
     assert output.count(NOT_SEGMENTATION) == 1 and "callbacks.segmentation_pictures" not in output
 

@@ -36,7 +36,9 @@ MANY_LOGGERS += [  # the pictures and histograms on
 
 @pytest.fixture(scope="module")
 def many_loggers_run(tmp_path_factory: pytest.TempPathFactory, data_dir: Path) -> Path:
-    """One real training run with CSV, TensorBoard and wandb (offline) at once, the pictures and histograms on."""
+    """One real training run with CSV, TensorBoard and wandb (offline) at once, the pictures and histograms on.
+    On the command line: wandb would leave its service process and WANDB_MODE/WANDB_SERVICE in this process's
+    environment, which every later command of the tests inherits."""
     log_dir = tmp_path_factory.mktemp("logs")
     result = run_cli("train", *MANY_LOGGERS, log_dir=log_dir, data_dir=data_dir)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -1,4 +1,5 @@
-"""End to end through the real command line, as the README tells users to run it."""
+"""End to end as the README tells users to run it: through src.api, which runs a task as `python src/<task>.py`
+does, and through the real command line where the command line itself is what is tested."""
 
 import json
 import re
@@ -9,7 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from hydra.errors import MissingConfigException
 
+from src import api
 from tests.conftest import (
     ONE_BATCH,
     ROOT,
@@ -31,7 +34,8 @@ def test_fast_dev_run_trains_validates_and_tests(tmp_path: Path, data_dir: Path)
     # fast_dev_run turns the loggers off; the run's log file still has the final metrics.
     final = re.search(r"Final metrics: (.*)", (run_dir / "debug.log").read_text()).group(1)
     assert {"test/acc", "val/acc", "train/loss"} <= {item.split("=")[0] for item in final.split(", ")}
-    # A new run starts from scratch, without Lightning's warnings about a "last" checkpoint it looked for.
+    # A new run starts from scratch, without Lightning's warnings about a "last" checkpoint it looked for
+    # (warnings reach the console, not the log file: this test runs the command line).
     assert "ckpt_path" not in result.stderr, result.stderr[-3000:]
 
 
@@ -73,28 +77,20 @@ def test_a_run_prints_no_warning_a_user_cannot_act_on(tmp_path: Path, data_dir: 
     assert "litlogger" not in output and "LeafSpec" not in output, output[-3000:]
 
 
-def test_early_stopping_says_in_one_line_when_and_why_it_ended_training(tmp_path: Path, data_dir: Path):
+def test_early_stopping_says_in_one_line_when_and_why_it_ended_training(here: list[str]):
     # min_delta=1: no accuracy improves on the first one by that much, so patience=1 stops after epoch 1.
     stopping = ["callbacks.early_stopping.patience=1", "callbacks.early_stopping.min_delta=1.0"]
-    result = run_cli(
-        "train",
-        *DIGITS_MLP,
-        "trainer.max_epochs=5",
-        *ONE_BATCH[1:],
-        *stopping,
-        log_dir=tmp_path,
-        data_dir=data_dir,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    said = re.findall(r"Early stopping ended training after epoch (\d+): (.*)", result.stdout + result.stderr)
-    assert len(said) == 1, result.stdout[-3000:]
+    run = api.train([*here, *DIGITS_MLP, "trainer.max_epochs=5", *ONE_BATCH[1:], *stopping])
+    log = (run.run_dir / "train.log").read_text()
+    said = re.findall(r"Early stopping ended training after epoch (\d+): (.*)", log)
+    assert len(said) == 1, log[-3000:]
     assert said[0][0] == "1" and said[0][1].startswith(
         "Monitored metric val/acc did not improve in the last 1"
     )
 
 
 @pytest.mark.slow
-def test_train_then_eval_gives_the_same_test_accuracy(digits_run: Path, tmp_path: Path, data_dir: Path):
+def test_train_then_eval_gives_the_same_test_accuracy(digits_run: Path, here: list[str]):
     # digits_run: `python src/train.py data=digits model/net=mlp trainer.max_epochs=2`, shared by the session
     best = digits_run / "checkpoints" / "best.ckpt"
     assert best.exists() and (digits_run / "checkpoints" / "last.ckpt").exists()
@@ -103,9 +99,7 @@ def test_train_then_eval_gives_the_same_test_accuracy(digits_run: Path, tmp_path
     checkpoint = torch.load(best, weights_only=True)  # plain data only: safe to load
     assert checkpoint["hyper_parameters"]["net"]["_target_"] == "src.models.components.mlp.MLP"
 
-    evaluated = run_cli("eval", *DIGITS_MLP, f"ckpt_path={best}", log_dir=tmp_path, data_dir=data_dir)
-    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
-    eval_dir = only_run_dir(tmp_path, "eval")
+    eval_dir = api.evaluate([*here, *DIGITS_MLP, f"ckpt_path={best}"]).run_dir
     assert last_metrics(eval_dir)["test/acc"] == pytest.approx(trained["test/acc"])
     # part: diagnostics
     assert (eval_dir / "pictures" / "test_confusion_matrix.png").exists()  # eval draws the test pictures
@@ -114,34 +108,37 @@ def test_train_then_eval_gives_the_same_test_accuracy(digits_run: Path, tmp_path
 
 
 @pytest.mark.slow
-def test_example_experiment_trains_well(tmp_path: Path, data_dir: Path):
-    result = run_cli("train", "experiment=digits_mlp", log_dir=tmp_path, data_dir=data_dir)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert last_metrics(only_run_dir(tmp_path))["test/acc"] > 0.93
+def test_example_experiment_trains_well(here: list[str]):
+    run = api.train([*here, "experiment=digits_mlp"])
+    assert last_metrics(run.run_dir)["test/acc"] > 0.93
 
 
-def test_unknown_config_option_lists_the_valid_ones(tmp_path: Path, data_dir: Path):
-    result = run_cli("train", "model=resnet", log_dir=tmp_path, data_dir=data_dir)
-    assert result.returncode != 0
-    assert "Could not find 'model/resnet'" in result.stderr
-    assert re.search(r"Available options in 'model':\s+classifier", result.stderr)
+def test_unknown_config_option_lists_the_valid_ones(here: list[str]):
+    with pytest.raises(MissingConfigException, match=r"Could not find 'model/resnet'") as refused:
+        api.train([*here, "model=resnet"])
+    assert re.search(r"Available options in 'model':\s+classifier", str(refused.value))
 
 
-def test_eval_without_checkpoint_says_how_to_give_one(tmp_path: Path, data_dir: Path):
-    result = run_cli("eval", log_dir=tmp_path, data_dir=data_dir)
-    assert result.returncode != 0
-    assert "eval needs a checkpoint: ckpt_path=" in result.stderr
+def test_eval_without_checkpoint_says_how_to_give_one(here: list[str]):
+    with pytest.raises(ValueError, match=r"eval needs a checkpoint: ckpt_path="):
+        api.evaluate(here)
 
 
-@pytest.mark.parametrize("kind", ["missing", "not_a_checkpoint"])
-def test_eval_with_a_bad_checkpoint_path_fails_clearly(tmp_path: Path, data_dir: Path, kind: str):
+@pytest.mark.parametrize(
+    ("kind", "error", "expected"),
+    [
+        ("missing", FileNotFoundError, "does not exist"),
+        ("not_a_checkpoint", ValueError, "is not a checkpoint"),
+    ],
+)
+def test_eval_with_a_bad_checkpoint_path_fails_clearly(
+    here: list[str], tmp_path: Path, kind: str, error: type[Exception], expected: str
+):
     path = tmp_path / "model.ckpt"
     if kind == "not_a_checkpoint":
         path.write_text("not a checkpoint")
-    result = run_cli("eval", f"ckpt_path={path}", log_dir=tmp_path, data_dir=data_dir)
-    assert result.returncode != 0
-    expected = "does not exist" if kind == "missing" else "is not a checkpoint"
-    assert f"ckpt_path={path} {expected}" in result.stderr
+    with pytest.raises(error, match=re.escape(f"ckpt_path={path} {expected}")):
+        api.evaluate([*here, f"ckpt_path={path}"])
 
 
 def test_help_answers_without_training(tmp_path: Path, data_dir: Path):
@@ -181,9 +178,11 @@ def test_a_sharded_fsdp_checkpoint_directory_is_accepted(tmp_path: Path):
 
 @pytest.mark.slow
 def test_compiled_training_saves_checkpoints_that_eval_predict_and_export_load_without_compile(
-    tmp_path: Path, data_dir: Path
+    here: list[str], tmp_path: Path, data_dir: Path
 ):
-    # Whole batches only: a last, smaller batch compiles the graph once more (for dynamic shapes).
+    # The compiling runs on the command line: torch.compile's state and its cache directory (an environment
+    # variable) would stay in the test process. Whole batches only: a last, smaller batch compiles the graph
+    # once more (for dynamic shapes).
     whole_batches = [f"+trainer.limit_{stage}_batches=2" for stage in ("val", "test")]
     compiled = run_cli(
         "train",
@@ -205,11 +204,8 @@ def test_compiled_training_saves_checkpoints_that_eval_predict_and_export_load_w
     names = torch.load(best, weights_only=True)["state_dict"].keys()
     assert not [name for name in names if "_orig_mod" in name]  # the plain net's parameter names
 
-    evaluated = run_cli(
-        "eval", *DIGITS_MLP, *whole_batches, f"ckpt_path={best}", log_dir=tmp_path, data_dir=data_dir
-    )
-    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
-    test_acc = last_metrics(only_run_dir(tmp_path, "eval"))["test/acc"]
+    evaluated = api.evaluate([*here, *DIGITS_MLP, *whole_batches, f"ckpt_path={best}"])
+    test_acc = last_metrics(evaluated.run_dir)["test/acc"]
     assert test_acc == pytest.approx(last_metrics(run_dir)["test/acc"])
     assert last_metrics(run_dir)["perf/train_samples_per_sec"] > 0  # the compiling first step left out
     # part: predict
