@@ -2,7 +2,7 @@
 -m debug=fdr <group>=<each option>` (one batch of each stage per option; one process per group, so the
 imports are paid once). The data options train in tests/test_data.py; here, those that need something first.
 Loggers walk with debug=limit instead: fast_dev_run swaps every logger for a dummy, which would hide a logger
-that fails at its first write (as MLflow's file store did). An option that needs something first (a GPU, a
+that fails at its first write (as a tracking store's file store once did). An option that needs something first (a GPU, a
 download, a login, its own data) fails with a message that says what; the test lists those with the words
 they must say.
 
@@ -35,9 +35,11 @@ GROUPS = {
 }
 # Options that cannot run here, and what their error must say so that the user knows what to do first.
 NEEDS_SOMETHING = {
-    ("data", "mnist"): "could not be downloaded",  # the full MNIST: a download, no network here
-    ("data", "image_folder"): "data.image_dir",  # your own images: say where they are
+    ("data", "mnist"): "could not be downloaded",  # the full MNIST: a download, no network  [part: mnist]
+    ("data", "image_folder"): "data.image_dir",  # your own images: say where they are  [part: folders]
+    # part: segmentation, folders
     ("data", "segmentation_folder"): "data.image_dir",  # your own images and masks, likewise
+    # /part
     ("data", "streaming"): "data.input_dir",  # shards: write them first (src/shard.py)  [part: streaming]
     ("data", "text_file"): "data.train_file",  # your own texts: say where they are  [part: text]
     ("trainer", "fsdp"): "needs CUDA GPUs",
@@ -73,7 +75,7 @@ def walk(group: str, choices: list[str], *overrides: str, tmp_path: Path, data_d
 
 # Options walked apart from the group's others, with the overrides a user gives them: a key the group's other
 # options lack, or the data and model of another task than the default classification.
-SEGMENTATION = ["data=digit_scenes", "model=segmenter"]
+SEGMENTATION = ["data=digit_scenes", "model=segmenter"]  # [part: segmentation]
 # part: text
 # The example texts, and a net from scratch with their tokenizer.
 TEXTS = [
@@ -84,14 +86,18 @@ TEXTS = [
 # /part
 ALONE = {
     ("logger", "wandb"): ["logger.wandb.offline=true"],  # no wandb login here: offline, as documented
+    # part: segmentation
     ("data", "digit_scenes"): ["model=segmenter"],
-    ("data", "segmentation_folder"): ["model=segmenter"],
+    ("data", "segmentation_folder"): ["model=segmenter"],  # [part: folders]
     ("model", "segmenter"): ["data=digit_scenes"],
     ("model/net", "unet"): SEGMENTATION,
-    ("model/net", "lraspp"): SEGMENTATION,
+    ("model/net", "lraspp"): SEGMENTATION,  # [part: pretrained]
+    # /part
     ("data", "example_texts"): TEXTS,  # [part: text]
+    # part: folders, pretrained
     # Its pretrained weights are a download (no network here): from scratch, as its comment says to offline.
     ("experiment", "finetune_images"): ["model.net.pretrained=false"],
+    # /part
 }
 
 

@@ -1,7 +1,8 @@
 """One place says which metric a run watches and which way is better: the top-level `monitor` and `mode`.
 
 The best checkpoint, early stopping, the model's running best (`<monitor>_best`), the value a sweep job
-returns, the sweep summary's order and an Optuna study's direction all follow them.
+returns and the sweep summary's order all follow them.
+An Optuna study's direction too.  [part: optuna]
 """
 
 import csv
