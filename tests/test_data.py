@@ -10,10 +10,11 @@ import pytest
 import torch
 from hydra.utils import instantiate
 
+from src import api
 from src.data.datamodule import split_batch_size
 from src.data.digits_datamodule import DigitsDataModule
 from src.data.mnist5k_datamodule import MNIST5kDataModule
-from tests.conftest import CONFIG_DIR, last_metrics, only_run_dir, run_cli
+from tests.conftest import CONFIG_DIR, last_metrics, paths
 
 DATA_OPTIONS = sorted(p.stem for p in (CONFIG_DIR / "data").glob("*.yaml"))
 DEBUG_PRESETS = sorted(p.stem for p in (CONFIG_DIR / "debug").glob("*.yaml"))
@@ -140,9 +141,12 @@ def data_writer(option: str) -> Callable[[Path], list[str]] | None:
 
 
 # The model a data option of another task than classification trains with (the classification options: the MLP).
-# (the U-Net at its smallest: what is checked here is the data option, not the net)
+MODEL_FOR: dict[str, list[str]] = {}
+# part: segmentation
+# The U-Net at its smallest: what is checked here is the data option, not the net.
 SMALL_SEGMENTER = ["model=segmenter", "model.net.channels=[4,8]"]
-MODEL_FOR = {"digit_scenes": SMALL_SEGMENTER, "segmentation_folder": SMALL_SEGMENTER}
+MODEL_FOR |= {"digit_scenes": SMALL_SEGMENTER, "segmentation_folder": SMALL_SEGMENTER}
+# /part
 # part: text
 MODEL_FOR["text_file"] = ["model=text_classifier"]  # from scratch, with the tokenizer write_test_data makes
 MODEL_FOR["example_texts"] = [
@@ -158,18 +162,18 @@ def test_the_overfit_preset_trains_on_every_data_option(option: str, tmp_path: P
     write = data_writer(option)
     option_data_dir = tmp_path / "data" if write else data_dir  # the session's, with the mnist5k cache
     overrides = write(option_data_dir) if write else []
-    result = run_cli(
-        "train",
-        "debug=overfit",
-        f"data={option}",
-        *MODEL_FOR.get(option, ["model/net=mlp"]),
-        "trainer.max_epochs=2",
-        *overrides,
-        log_dir=tmp_path / "logs",
-        data_dir=option_data_dir,
+    run = api.train(
+        [
+            *paths(tmp_path / "logs", option_data_dir),
+            "debug=overfit",
+            f"data={option}",
+            *MODEL_FOR.get(option, ["model/net=mlp"]),
+            "trainer.max_epochs=2",
+            *overrides,
+        ]
     )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "train/acc" in last_metrics(only_run_dir(tmp_path / "logs", "debug"))
+    assert run.run_dir.parent == tmp_path / "logs" / "debug" / "runs"  # a debug preset's run: in logs/debug/
+    assert "train/acc" in last_metrics(run.run_dir)
 
 
 def test_augment_false_turns_the_random_shift_off(data_dir: Path):

@@ -15,13 +15,13 @@ import torchvision
 from omegaconf import OmegaConf
 from torch.utils.data import DataLoader, TensorDataset
 
+from src import api
 from src.models.classifier_module import ClassifierModule
 from src.models.components.timm_net import TimmNet
 from src.models.components.torchvision_net import TorchvisionNet
 from src.models.components.warmup_cosine import WarmupCosine
 from src.models.finetuning import NORMS, parameter_groups
 from src.run import preflight
-from tests.conftest import only_run_dir, run_cli
 
 TIMM = "test_resnet"  # one of timm's test models: a real ResNet of 0.5 M parameters, made for 160x160
 DIGITS_TIMM = ["data=digits", "model/net=timm", f"model.net.name={TIMM}"]
@@ -216,23 +216,20 @@ def lr_rows(run_dir: Path) -> list[dict[str, str]]:
     ],
     ids=["timm", "torchvision"],
 )
-def test_a_pretrained_net_trains_predicts_and_exports(net: list[str], tmp_path: Path, data_dir: Path):
+def test_a_pretrained_net_trains_predicts_and_exports(
+    net: list[str], here: list[str], here_for_inference: list[str]
+):
     few = ["trainer.max_epochs=2", "+trainer.limit_train_batches=4", "+trainer.limit_val_batches=2"]
-    trained = run_cli("train", *net, *few, log_dir=tmp_path, data_dir=data_dir)  # tested on the whole split
-    assert trained.returncode == 0, trained.stderr[-3000:]
-    run_dir = only_run_dir(tmp_path)
+    trained = api.train([*here, *net, *few])  # tested on the whole split
+    run_dir = trained.run_dir
     rows = lr_rows(run_dir)  # the LR monitor shows both groups, at their scaled rates
     assert rows and all(
         float(r["lr-Adam/backbone"]) == pytest.approx(0.1 * float(r["lr-Adam/head"])) for r in rows
     )
-    tested = json.loads((run_dir / "run.json").read_text())["final_metrics"]["test/acc"]
 
-    predicted = run_cli("predict", f"run_dir={run_dir}", log_dir=tmp_path, data_dir=data_dir)
-    assert predicted.returncode == 0, predicted.stderr[-3000:]
-    predict_record = json.loads((only_run_dir(tmp_path, "predict") / "run.json").read_text())
-    assert predict_record["final_metrics"]["predict/acc"] == pytest.approx(tested)  # the same best.ckpt
-    exported = run_cli("export", f"run_dir={run_dir}", "format=onnx", log_dir=tmp_path, data_dir=data_dir)
-    assert exported.returncode == 0, exported.stderr[-3000:]
+    predicted = api.predict([*here_for_inference, f"run_dir={run_dir}"])  # the same best.ckpt
+    assert predicted.metrics["predict/acc"] == pytest.approx(trained.metrics["test/acc"])
+    api.export([*here_for_inference, f"run_dir={run_dir}", "format=onnx"])
     sidecar = json.loads((run_dir / "checkpoints" / "best.onnx.json").read_text())
     assert sidecar["parity"]["max_diff"] <= sidecar["parity"]["tolerance"]
     loaded = torch.load(run_dir / "checkpoints" / "best.ckpt", weights_only=True)  # plain data only

@@ -19,6 +19,7 @@ import torch
 from hydra.utils import instantiate  # [part: folders]
 from PIL import Image  # [part: predict, folders]
 
+from src import api
 from src.data.components.example_images import make_example_images  # [part: folders]
 from src.data.components.shards import FACTS_FILE, PARTIAL_FILE, litdata
 from src.data.streaming_datamodule import StreamingDataModule  # [part: folders]
@@ -26,7 +27,7 @@ from src.inference import export_formats  # [part: predict, folders]
 from src.run.checkpoints import load_checkpoint
 from src.run.trained_run import TrainedRun, load_model  # [part: predict, folders]
 from tests import test_segmentation_folder as segmentation_folder  # [part: segmentation, folders]
-from tests.conftest import ROOT, ObjectStore, built_once, only_run_dir, run_cli, start_cli
+from tests.conftest import ROOT, ObjectStore, built_once, only_run_dir, paths, run_cli, start_cli
 from tests.test_resume import STEP_SAVES, assert_any_kill_resumes_exactly, assert_same_outcome, outcome
 
 WITH_TESTS = {"PYTHONPATH": str(ROOT)}  # so that Hydra finds the test callbacks below
@@ -107,8 +108,7 @@ def image_run(tmp_path_factory: pytest.TempPathFactory, data_dir: Path, image_sh
     def train(log_dir: Path) -> None:
         overrides = ["data=streaming", f"data.input_dir={image_shards / 'shards'}", "data.batch_size=32"]
         overrides += ["trainer.max_epochs=1", "+trainer.limit_train_batches=4", "run_name=images"]
-        result = run_cli("train", *overrides, log_dir=log_dir, data_dir=data_dir)
-        assert result.returncode == 0, result.stderr[-3000:]
+        api.train([*paths(log_dir, data_dir), *overrides])
 
     return built_once(tmp_path_factory, "image_run", train) / "train" / "runs" / "images"
 
@@ -152,12 +152,10 @@ def test_image_files_are_stored_as_their_bytes_and_read_back_as_the_source_reads
 
 @pytest.mark.slow
 def test_a_model_trained_from_shards_evaluates_on_the_source_images_as_on_the_shards(
-    image_shards: Path, image_run: Path, tmp_path: Path, data_dir: Path
+    image_shards: Path, image_run: Path, here: list[str]
 ):
     source = image_folder(image_shards / "images")  # the option the shards came from, chosen again
-    evaluated = run_cli("eval", f"run_dir={image_run}", *source, log_dir=tmp_path, data_dir=data_dir)
-    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
-    on_source = json.loads((only_run_dir(tmp_path, "eval") / "run.json").read_text())["final_metrics"]
+    on_source = api.evaluate([*here, f"run_dir={image_run}", *source]).metrics
     on_shards = json.loads((image_run / "run.json").read_text())["final_metrics"]
     # (Not the loss: a mean of batch means, and the shards' batches hold the test images in another order.)
     assert on_source["test/acc"] == pytest.approx(on_shards["test/acc"], abs=1e-6)
@@ -166,15 +164,12 @@ def test_a_model_trained_from_shards_evaluates_on_the_source_images_as_on_the_sh
 # part: predict
 @pytest.mark.slow
 def test_a_model_trained_from_shards_predicts_on_the_source_images_as_on_the_shards(
-    image_shards: Path, image_run: Path, tmp_path: Path, data_dir: Path
+    image_shards: Path, image_run: Path, here_for_inference: list[str]
 ):
     # On the source's image files, as a user predicts...
     images = image_shards / "images" / "images"
-    predicted = run_cli(
-        "predict", f"run_dir={image_run}", f"inputs={images}", log_dir=tmp_path, data_dir=data_dir
-    )
-    assert predicted.returncode == 0, predicted.stderr[-3000:]
-    rows = json.loads((only_run_dir(tmp_path, "predict") / "predictions.json").read_text())
+    predicted = api.predict([*here_for_inference, f"run_dir={image_run}", f"inputs={images}"])
+    rows = json.loads((predicted.run_dir / "predictions.json").read_text())
     by_file = {row["file"]: row for row in rows}
     # ... the same outputs as the model on the test samples stored in the shards.
     model = load_model(TrainedRun(image_run / "checkpoints" / "best.ckpt", None))
@@ -189,24 +184,19 @@ def test_a_model_trained_from_shards_predicts_on_the_source_images_as_on_the_sha
         assert row["probability"] == pytest.approx(float(probabilities.max()), abs=1e-5)
 
     # On the run's own test split (the shards'), each prediction with its sample: the run's test accuracy.
-    on_split = run_cli("predict", f"run_dir={image_run}", log_dir=tmp_path / "split", data_dir=data_dir)
-    assert on_split.returncode == 0, on_split.stderr[-3000:]
-    record = json.loads((only_run_dir(tmp_path / "split", "predict") / "run.json").read_text())
+    on_split = api.predict([*here_for_inference, f"run_dir={image_run}"])
     trained = json.loads((image_run / "run.json").read_text())["final_metrics"]["test/acc"]
-    assert record["final_metrics"]["predict/acc"] == pytest.approx(trained, abs=1e-6)
+    assert on_split.metrics["predict/acc"] == pytest.approx(trained, abs=1e-6)
 
 
 @pytest.mark.slow
 def test_a_model_trained_from_shards_exports_an_artifact_that_answers_the_source_images_as_the_model(
-    image_shards: Path, image_run: Path, tmp_path: Path, data_dir: Path
+    image_shards: Path, image_run: Path, here_for_inference: list[str], tmp_path: Path
 ):
     artifact = tmp_path / "model.onnx"
-    exported = run_cli(
-        "export", f"run_dir={image_run}", f"output={artifact}", log_dir=tmp_path, data_dir=data_dir
-    )
-    assert exported.returncode == 0, exported.stderr[-3000:]
+    exported = api.export([*here_for_inference, f"run_dir={image_run}", f"output={artifact}"])
     # Checked by the command itself on the run's test split: from the shards.
-    assert "Parity check passed" in exported.stdout + exported.stderr
+    assert "Parity check passed" in (exported.run_dir / "export.log").read_text()
     about = json.loads(artifact.with_name(artifact.name + ".json").read_text())
     assert about["input"]["shape"] == ["batch", 1, 28, 28] and about["input"]["image_mode"] == "L"
     assert about["class_names"] == facts(image_shards / "shards")["class_names"]
@@ -247,7 +237,7 @@ def segmentation_shards(tmp_path_factory: pytest.TempPathFactory, data_dir: Path
 
 @pytest.mark.slow
 def test_a_segmentation_folder_is_sharded_with_its_masks_and_trained_from(
-    segmentation_shards: Path, tmp_path: Path, data_dir: Path
+    segmentation_shards: Path, here: list[str]
 ):
     held = facts(segmentation_shards)
     assert held["encoding"] == "files" and held["task"] == "segmentation" and held["ignore_index"] == 255
@@ -262,11 +252,9 @@ def test_a_segmentation_folder_is_sharded_with_its_masks_and_trained_from(
         "trainer.max_epochs=1",
         "seed=null",
     ]  # unseeded: any shuffle
-    result = run_cli("train", *overrides, log_dir=tmp_path, data_dir=data_dir)
-    assert result.returncode == 0, result.stderr[-3000:]
-    record = json.loads((only_run_dir(tmp_path) / "run.json").read_text())
-    assert record["status"] == "completed"
-    assert {"test/miou", "val/miou", "train/loss"} <= set(record["final_metrics"])
+    run = api.train([*here, *overrides])
+    assert json.loads((run.run_dir / "run.json").read_text())["status"] == "completed"
+    assert {"test/miou", "val/miou", "train/loss"} <= set(run.metrics)
 
 
 # /part
@@ -297,18 +285,15 @@ def test_the_same_command_again_does_nothing_and_another_config_is_refused(
 
 @pytest.mark.slow
 def test_a_half_written_output_is_refused_by_training_and_written_again_by_the_command(
-    tmp_path: Path, data_dir: Path
+    here: list[str], tmp_path: Path, data_dir: Path
 ):
     half = tmp_path / "half"  # what a shard command killed while writing leaves
     (half / "train").mkdir(parents=True)
     (half / "train" / "chunk-0-0.bin").write_bytes(b"\0" * 10)
     (half / PARTIAL_FILE).write_text("{}")
-    refused = run_cli(
-        "train", "data=streaming", f"data.input_dir={half}", log_dir=tmp_path, data_dir=data_dir
-    )
-    assert refused.returncode != 0
-    assert f"data.input_dir={half} is not finished" in refused.stderr
-    assert "run the shard command again, with the same output_dir" in refused.stderr
+    with pytest.raises(ValueError, match=rf"data.input_dir={half} is not finished") as refused:
+        api.train([*here, "data=streaming", f"data.input_dir={half}"])
+    assert "run the shard command again, with the same output_dir" in str(refused.value)
 
     written = shard("data=digits", output=half, log_dir=tmp_path, data_dir=data_dir)
     assert written.returncode == 0, written.stderr[-3000:]

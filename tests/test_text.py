@@ -1,19 +1,23 @@
-"""Text from a user's side, through the real CLI and offline: a CSV of texts trains a tiny BERT that the test
-saves with save_pretrained (model.net.weights_dir), by overrides alone; eval, predict and export take the run;
-LoRA checkpoints are small, refuse another base and export merged; DDP on 2 gloo ranks; a killed run resumes
-to the same weights; runs without text never import transformers."""
+"""Text from a user's side, offline, each task run as the command line runs it (src.api; the command line
+itself for DDP, a sweep and a kill): a CSV of texts trains a tiny BERT that the test saves with
+save_pretrained (model.net.weights_dir), by overrides alone; eval, predict and export take the run; LoRA
+checkpoints are small, refuse another base and export merged; DDP on 2 gloo ranks; a killed run resumes to
+the same weights; runs without text never import transformers."""
 
 import csv
 import json  # [part: predict]
+import re
 import signal
 from pathlib import Path
 
 import pytest
 import torch
+from hydra.errors import InstantiationException
 
+from src import api
 from src.data.components.example_texts import make_example_texts
 from src.run.trained_run import TrainedRun, load_model  # [part: predict]
-from tests.conftest import built_once, last_metrics, only_run_dir, run_cli, start_cli
+from tests.conftest import built_once, only_run_dir, paths, run_cli, start_cli
 from tests.test_resume import record, run_dir_of, wait_for, weights
 
 LIMITS = [f"+trainer.limit_{stage}_batches=4" for stage in ("train", "val", "test")]  # a few batches suffice
@@ -70,14 +74,13 @@ def text_run(tmp_path_factory: pytest.TempPathFactory, text_files: Path, data_di
 
     def train(log_dir: Path) -> None:
         overrides = text_overrides(text_files, "trainer.max_epochs=2", "run_name=text")
-        result = run_cli("train", *overrides, log_dir=log_dir, data_dir=data_dir)
-        assert result.returncode == 0, result.stderr[-3000:]
+        api.train([*paths(log_dir, data_dir), *overrides])
 
     return built_once(tmp_path_factory, "text_run", train) / "train" / "runs" / "text"
 
 
 @pytest.mark.slow
-def test_a_csv_trains_and_evaluates_with_a_saved_model(text_run: Path, tmp_path: Path, data_dir: Path):
+def test_a_csv_trains_and_evaluates_with_a_saved_model(text_run: Path, here: list[str]):
     trained = record(text_run)
     assert trained["status"] == "completed" and 0 <= trained["final_metrics"]["test/acc"] <= 1
     log = (text_run / "train.log").read_text()
@@ -85,53 +88,42 @@ def test_a_csv_trains_and_evaluates_with_a_saved_model(text_run: Path, tmp_path:
     checkpoint = torch.load(text_run / "checkpoints" / "best.ckpt", map_location="cpu", weights_only=True)
     assert checkpoint["hyper_parameters"]["class_names"] == ["mixed", "negative", "positive"]  # sorted labels
 
-    evaluated = run_cli("eval", f"run_dir={text_run}", log_dir=tmp_path, data_dir=data_dir)
-    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
-    test_acc = last_metrics(only_run_dir(tmp_path, "eval"))["test/acc"]
-    assert test_acc == pytest.approx(trained["final_metrics"]["test/acc"])
+    evaluated = api.evaluate([*here, f"run_dir={text_run}"])
+    assert evaluated.metrics["test/acc"] == pytest.approx(trained["final_metrics"]["test/acc"])
 
 
 # part: predict
 @pytest.mark.slow
 def test_predictions_on_a_text_file_and_a_table_need_only_the_run(
-    text_run: Path, tmp_path: Path, data_dir: Path
+    text_run: Path, here_for_inference: list[str], tmp_path: Path
 ):
     texts = tmp_path / "reviews.txt"
     texts.write_text("the soup was not bad but the waiter was rude\n\nthe coffee was great\n")
     table = tmp_path / "reviews.jsonl"
     table.write_text('{"text": "the view was lovely and the wine was superb", "id": 7}\n')
+    run_dirs = {}
     for inputs, count in ((texts, 2), (table, 1)):
-        predicted = run_cli(
-            "predict",
-            f"run_dir={text_run}",
-            f"inputs={inputs}",
-            log_dir=tmp_path / inputs.suffix,
-            data_dir=data_dir,
-        )
-        assert predicted.returncode == 0, predicted.stderr[-3000:]
-        rows = json.loads(
-            (only_run_dir(tmp_path / inputs.suffix, "predict") / "predictions.json").read_text()
-        )
+        run_dirs[inputs.suffix] = api.predict(
+            [*here_for_inference, f"run_dir={text_run}", f"inputs={inputs}"]
+        ).run_dir
+        rows = json.loads((run_dirs[inputs.suffix] / "predictions.json").read_text())
         assert len(rows) == count and rows[0]["index"] == 0
         assert rows[0]["predicted_name"] in ("mixed", "negative", "positive")
         assert sum(t["probability"] for t in rows[0]["top_k"]) == pytest.approx(1.0, abs=1e-5)
     assert rows[0]["text"] == "the view was lovely and the wine was superb"
-    header = (only_run_dir(tmp_path / ".txt", "predict") / "predictions.csv").read_text().splitlines()[0]
+    header = (run_dirs[".txt"] / "predictions.csv").read_text().splitlines()[0]
     assert header == "index,text,predicted,predicted_name,probability,top_k"
 
 
 @pytest.mark.slow
 def test_the_onnx_export_takes_any_batch_and_length_and_brings_its_tokenizer(
-    text_run: Path, tmp_path: Path, data_dir: Path
+    text_run: Path, here_for_inference: list[str], tmp_path: Path
 ):
     import onnxruntime
     from transformers import AutoTokenizer
 
     artifact = tmp_path / "export" / "texts.onnx"
-    exported = run_cli(
-        "export", f"run_dir={text_run}", f"output={artifact}", log_dir=tmp_path, data_dir=data_dir
-    )
-    assert exported.returncode == 0, exported.stderr[-3000:]
+    api.export([*here_for_inference, f"run_dir={text_run}", f"output={artifact}"])
     sidecar = json.loads(artifact.with_name("texts.onnx.json").read_text())
     assert (
         sidecar["input"]["names"] == ["input_ids", "attention_mask"] and sidecar["parity"]["max_diff"] <= 1e-5
@@ -158,12 +150,11 @@ def test_the_onnx_export_takes_any_batch_and_length_and_brings_its_tokenizer(
 
 @pytest.mark.slow
 def test_a_lora_checkpoint_is_small_refuses_another_base_and_exports_merged(
-    text_files: Path, text_run: Path, tmp_path: Path, data_dir: Path
+    text_files: Path, text_run: Path, here: list[str], here_for_inference: list[str], tmp_path: Path
 ):
     overrides = text_overrides(text_files, "model.net.lora.r=4", "trainer.max_epochs=1", "run_name=lora")
-    trained = run_cli("train", *overrides, log_dir=tmp_path, data_dir=data_dir)
-    assert trained.returncode == 0, trained.stderr[-3000:]
-    lora = run_dir_of(tmp_path, "lora") / "checkpoints"
+    run_dir = api.train([*here, *overrides]).run_dir
+    lora = run_dir / "checkpoints"
     full = (text_run / "checkpoints" / "last.ckpt").stat().st_size
     assert (lora / "last.ckpt").stat().st_size <= 0.10 * full
     state = torch.load(lora / "last.ckpt", map_location="cpu", weights_only=True)["state_dict"]
@@ -171,25 +162,17 @@ def test_a_lora_checkpoint_is_small_refuses_another_base_and_exports_merged(
 
     # Loading it rebuilds the base from its folder and checks the base's weights by their hash.
     other = f"+model.net.weights_dir={text_files / 'other_bert'}"  # + : eval's own config has no model
-    refused = run_cli(
-        "eval", f"run_dir={run_dir_of(tmp_path, 'lora')}", other, log_dir=tmp_path, data_dir=data_dir
-    )
-    assert refused.returncode != 0
-    assert f"model.net.weights_dir={text_files / 'other_bert'} has base weights with sha256" in refused.stderr
-    assert "give the base the run was trained with" in refused.stderr
+    with pytest.raises(
+        ValueError,
+        match=re.escape(f"model.net.weights_dir={text_files / 'other_bert'} has base weights with sha256"),
+    ) as refused:
+        api.evaluate([*here, f"run_dir={run_dir}", other])
+    assert str(refused.value).endswith("give the base the run was trained with")
 
     # part: predict
     # torch.export: the merging is the export's, whatever the format (ONNX: the next test's, 4 s slower).
     artifact = tmp_path / "lora.pt2"
-    exported = run_cli(
-        "export",
-        f"run_dir={run_dir_of(tmp_path, 'lora')}",
-        "format=torch_export",
-        f"output={artifact}",
-        log_dir=tmp_path,
-        data_dir=data_dir,
-    )
-    assert exported.returncode == 0, exported.stderr[-3000:]
+    api.export([*here_for_inference, f"run_dir={run_dir}", "format=torch_export", f"output={artifact}"])
     assert json.loads(artifact.with_name("lora.pt2.json").read_text())["parity"]["max_diff"] <= 1e-5
     # /part
 
@@ -227,7 +210,7 @@ def test_a_sweep_over_folds_in_bf16_runs_each_fold(text_files: Path, tmp_path: P
 
 @pytest.mark.slow
 def test_a_text_run_killed_mid_epoch_resumes_to_the_same_weights(
-    text_files: Path, tmp_path: Path, data_dir: Path
+    text_files: Path, here: list[str], tmp_path: Path, data_dir: Path
 ):
     common = text_overrides(
         text_files,
@@ -236,8 +219,7 @@ def test_a_text_run_killed_mid_epoch_resumes_to_the_same_weights(
         "trainer.max_epochs=2",
         "callbacks.last_checkpoint.every_n_train_steps=5",
     )
-    straight = run_cli("train", *common, "run_name=straight", log_dir=tmp_path, data_dir=data_dir)
-    assert straight.returncode == 0, straight.stderr[-3000:]
+    straight = api.train([*here, *common, "run_name=straight"]).run_dir
     run = start_cli(
         "train", *common, "run_name=killed", log_dir=tmp_path, data_dir=data_dir, output=tmp_path / "run.out"
     )
@@ -249,34 +231,42 @@ def test_a_text_run_killed_mid_epoch_resumes_to_the_same_weights(
     wait_for(mid_epoch_two, run)
     run.send_signal(signal.SIGKILL)
     run.wait()
-    resumed = run_cli("train", *common, "run_name=killed", log_dir=tmp_path, data_dir=data_dir)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    a = weights(run_dir_of(tmp_path, "killed") / "checkpoints" / "last.ckpt")
-    b = weights(run_dir_of(tmp_path, "straight") / "checkpoints" / "last.ckpt")
+    resumed = api.train([*here, *common, "run_name=killed"]).run_dir  # the same command again
+    a = weights(resumed / "checkpoints" / "last.ckpt")
+    b = weights(straight / "checkpoints" / "last.ckpt")
     assert a.keys() == b.keys()
     assert all(torch.equal(a[k], b[k]) if isinstance(b[k], torch.Tensor) else a[k] == b[k] for k in b)
-    assert record(run_dir_of(tmp_path, "killed"))["resumed"]
+    assert record(resumed)["resumed"]
 
 
 @pytest.mark.slow
 def test_bad_text_input_fails_in_one_line_naming_the_key_before_training(
-    text_files: Path, tmp_path: Path, data_dir: Path
+    text_files: Path, here: list[str], tmp_path: Path
 ):
     no_model = tmp_path / "not_a_model"
     no_model.mkdir()
+    # The net's own checks fail inside Hydra's instantiate of the model, which wraps them (as the command
+    # line prints them too).
     cases = [
-        (["data.text_column=review"], "data.text_column=review is not a column of data.train_file="),
+        (
+            ["data.text_column=review"],
+            ValueError,
+            "data.text_column=review is not a column of data.train_file=",
+        ),
         (
             [f"model.net.weights_dir={no_model}", f"model.net.tokenizer={text_files / 'bert'}"],
+            InstantiationException,
             f"model.net.weights_dir={no_model} holds no config.json",
         ),
-        (["model.net.lora.r=4", "model.net.lora.target_modules=[q_proj]"], "q_proj not in the bert model"),
+        (
+            ["model.net.lora.r=4", "model.net.lora.target_modules=[q_proj]"],
+            InstantiationException,
+            "q_proj not in the bert model",
+        ),
     ]
-    for overrides, message in cases:
-        result = run_cli(
-            "train", *text_overrides(text_files, *overrides), log_dir=tmp_path, data_dir=data_dir
-        )
-        assert result.returncode != 0 and message in result.stderr, result.stderr[-2000:]
+    for overrides, error, message in cases:
+        with pytest.raises(error, match=re.escape(message)):
+            api.train([*here, *text_overrides(text_files, *overrides)])
         assert not (tmp_path / "train" / "runs").exists() or not list(
             (tmp_path / "train" / "runs").glob("*/checkpoints/*")
         )
