@@ -121,15 +121,15 @@ def seeds_sweep(tmp_path_factory: pytest.TempPathFactory, data_dir: Path) -> Pat
     return sweep_dir
 
 
-# part: segmentation
-# A few scenes: enough for every class to appear in each split, seconds to train.
-SMALL_SCENES = ["data.scenes=[192,64,64]", "data.batch_size=32"]
-# /part
 # One batch of each stage, with the callbacks a debug preset would turn off.
 ONE_BATCH = [
     "trainer.max_epochs=1",
     *(f"+trainer.limit_{stage}_batches=1" for stage in ("train", "val", "test")),
 ]
+# part: segmentation
+# A few scenes: enough for every class to appear in each split, seconds to train.
+SMALL_SCENES = ["data.scenes=[192,64,64]", "data.batch_size=32"]
+# /part
 
 
 # part: segmentation

@@ -7,7 +7,8 @@ import pytest
 import torch
 import yaml
 
-from tests.conftest import ROOT, assert_single_run_dir, last_metrics, only_run_dir, run_cli
+from src import api
+from tests.conftest import ROOT, assert_single_run_dir, last_metrics, only_run_dir, paths, run_cli
 
 TINY = ["data=digits", "model/net=mlp", "trainer.max_epochs=2"]
 
@@ -50,11 +51,10 @@ def test_ddp_run_writes_one_run_dir_and_syncs_metrics(tmp_path: Path, data_dir: 
     # single-process evaluation of the same checkpoint on the whole test set (which folds leave as it is).
     ddp_acc = last_metrics(run_dir)["test/acc"]
     ckpt = run_dir / "checkpoints" / "best.ckpt"
-    evaluated = run_cli(
-        "eval", "data=digits", "model/net=mlp", f"ckpt_path={ckpt}", log_dir=tmp_path, data_dir=data_dir
+    evaluated = api.evaluate(
+        [*paths(tmp_path, data_dir), "data=digits", "model/net=mlp", f"ckpt_path={ckpt}"]
     )
-    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
-    assert last_metrics(only_run_dir(tmp_path, "eval"))["test/acc"] == pytest.approx(ddp_acc)
+    assert evaluated.metrics["test/acc"] == pytest.approx(ddp_acc)
 
 
 @pytest.mark.slow

@@ -1,5 +1,6 @@
 """Scaling out by override only: torchrun on one node and on two, a SLURM job's requeue, the ranks' files.
 And the cluster launchers: SLURM and local jobs through submitit.  [part: cluster]
+However many processes a run has, it writes one run directory, from global rank 0.
 """
 
 import csv

@@ -26,8 +26,9 @@ from src.data.streaming_datamodule import StreamingDataModule  # [part: folders]
 from src.inference import export_formats  # [part: predict, folders]
 from src.run.checkpoints import load_checkpoint
 from src.run.trained_run import TrainedRun, load_model  # [part: predict, folders]
+from tests import conftest  # [part: folders]
 from tests import test_segmentation_folder as segmentation_folder  # [part: segmentation, folders]
-from tests.conftest import ROOT, ObjectStore, built_once, only_run_dir, paths, run_cli, start_cli
+from tests.conftest import ROOT, ObjectStore, built_once, only_run_dir, run_cli, start_cli
 from tests.test_resume import STEP_SAVES, assert_any_kill_resumes_exactly, assert_same_outcome, outcome
 
 WITH_TESTS = {"PYTHONPATH": str(ROOT)}  # so that Hydra finds the test callbacks below
@@ -108,7 +109,7 @@ def image_run(tmp_path_factory: pytest.TempPathFactory, data_dir: Path, image_sh
     def train(log_dir: Path) -> None:
         overrides = ["data=streaming", f"data.input_dir={image_shards / 'shards'}", "data.batch_size=32"]
         overrides += ["trainer.max_epochs=1", "+trainer.limit_train_batches=4", "run_name=images"]
-        api.train([*paths(log_dir, data_dir), *overrides])
+        api.train([*conftest.paths(log_dir, data_dir), *overrides])
 
     return built_once(tmp_path_factory, "image_run", train) / "train" / "runs" / "images"
 

@@ -1,6 +1,7 @@
 """Experiment tracking: wandb offline, TensorBoard, CSV together; the run record.
 And the pictures and histograms the diagnostic callbacks log there.  [part: diagnostics]
 MLflow: tests/test_mlflow.py.  [part: mlflow]
+Each logger is read back from what it wrote, as its own viewer would read it.
 """
 
 import json

@@ -273,7 +273,7 @@ def test_a_generated_project_installs_and_passes_its_own_tests(tmp_path: Path, p
     pyproject.toml and lock resolve in a fresh venv; its own tests pass (the core-only project's all of
     them, the project that lacks the most; the others' fast ones, `make test-fast`); its smoke run completes. (Python 3.11: the torch wheels this machine has are for 3.11; the
     generation with 3.12 is the test above's.)"""
-    from tests.test_project import copier, project_venv
+    from tests.maintainers.test_generation import copier, project_venv
 
     template = tmp_path / "template"  # a clone, with this checkout's uncommitted work committed on top
     subprocess.run(["git", "clone", "--quiet", ROOT, template], check=True)
