@@ -13,7 +13,6 @@ from dataclasses import dataclass  # [part: streaming]
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict
@@ -186,11 +185,10 @@ def compose_cfg(tmp_path: Path, data_dir: Path):
     """Compose `train` or `eval` with overrides, as `python src/<name>.py` would, writing into tmp_path."""
 
     def _compose(config_name: str = "train", overrides: list[str] = ()) -> DictConfig:
-        GlobalHydra.instance().clear()
-        with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
-            cfg = compose(
-                config_name, overrides=csv_unless_chosen(config_name, overrides), return_hydra_config=True
-            )
+        from src import api
+
+        GlobalHydra.instance().clear()  # what a test that failed inside a compose left
+        cfg = api.compose(config_name, csv_unless_chosen(config_name, overrides))
         HydraConfig.instance().set_config(cfg)
         with open_dict(cfg):
             cfg.paths.output_dir = str(tmp_path)
