@@ -18,7 +18,6 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict
 
 import src  # noqa: F401 - registers the config resolvers
-from tests import cli_server
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG_DIR = ROOT / "configs"
@@ -34,25 +33,16 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # that one command: see its comment).
 
 
+# part: template
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption(
-        "--fresh-processes",
-        action="store_true",
-        help="run every command as a fresh Python process instead of forking it from tests/cli_server.py",
-    )
-    # part: template
     parser.addoption(
         "--matrix",
         action="store_true",
         help="also run the tests marked matrix: the template maintainers' checks (make test-parts)",
     )
-    # /part
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    cli_server.CLIENT.enabled = not config.getoption("--fresh-processes")
-
-
+# /part
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The slow tests first, each file's in their order: with `pytest -n 2` the longest ones start early and
     the quick ones fill in at the end, instead of one long test running alone after all the others."""
@@ -226,33 +216,21 @@ def run_cli(
     launcher: Sequence[str] = (),
     env: dict[str, str | None] | None = None,
 ) -> subprocess.CompletedProcess:
-    """Run `python src/<script>.py overrides...` as a user would; return the completed process.
+    """Run `python [launcher] src/<script>.py overrides...` as a user would; return the completed process.
 
-    `launcher` goes between python and the script, e.g. `["-m", "torch.distributed.run", ...]` for torchrun;
-    `env` is added to the user's environment (see cli_env). A command without a launcher starts from the fork
-    server (run_python), else as a fresh process.
+    A new process, which first imports torch and Lightning (about 7 s on 2 cores): tests run tasks through
+    `src.api` unless the command line or the process is what they test. `launcher` goes between python and the
+    script, e.g. `torchrun(...)`; `env` is added to the user's environment (see cli_env).
     """
     command = cli_command(script, *overrides, log_dir=log_dir, data_dir=data_dir, launcher=launcher)
-    if not launcher:
-        return run_python(*command[1:], cwd=cwd, env=env, timeout=timeout)
-    full_env = cli_env(**(env or {}))
-    return subprocess.run(command, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
+    return run_python(*command[1:], cwd=cwd, env=env, timeout=timeout)
 
 
 def run_python(
-    script: str | Path,
-    *args: str,
-    cwd: Path = ROOT,
-    env: dict[str, str | None] | None = None,
-    timeout: int = 300,
+    *args: str | Path, cwd: Path = ROOT, env: dict[str, str | None] | None = None, timeout: int = 300
 ) -> subprocess.CompletedProcess:
-    """Run `python <script> args...` with the user's environment plus `env` (see cli_env): forked from the
-    fork server when it can (tests/cli_server.py), else as a fresh process."""
-    argv, full_env = [str(script), *args], cli_env(**(env or {}))
-    done = cli_server.CLIENT.run(argv, cwd=cwd, env=full_env, timeout=timeout)
-    if done is not None:
-        return done
-    command = [sys.executable, *argv]
+    """Run `python args...` in a new process, with the user's environment plus `env` (see cli_env)."""
+    command, full_env = [sys.executable, *map(str, args)], cli_env(**(env or {}))
     return subprocess.run(command, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
 
 
@@ -263,12 +241,13 @@ def start_cli(
     data_dir: Path,
     output: Path,
     env: dict[str, str | None] | None = None,
-) -> cli_server.Started:
+) -> subprocess.Popen:
     """Start `python src/<script>.py overrides...` as a user would, without waiting for it (for commands that
     run at the same time, or are signalled); its output goes into `output` (stdout) and `output` + `.err`
     (stderr); `env` as for run_cli."""
     command = cli_command(script, *overrides, log_dir=log_dir, data_dir=data_dir)
-    return cli_server.start(command[1:], ROOT, cli_env(**(env or {})), output, Path(f"{output}.err"))
+    with open(output, "w") as out, open(f"{output}.err", "w") as err:
+        return subprocess.Popen(command, cwd=ROOT, env=cli_env(**(env or {})), stdout=out, stderr=err)
 
 
 def torchrun(*args: str) -> list[str]:

@@ -2,6 +2,7 @@
 run with its params, metrics and pictures; without its extra it names the extra."""
 
 import re
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -11,7 +12,6 @@ import pytest
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 
-from tests import cli_server
 from tests.conftest import ROOT, cli_env, last_metrics, run_cli
 
 DIGITS_MLP = ["data=digits", "model/net=mlp", "trainer.max_epochs=2"]
@@ -78,20 +78,21 @@ logger.finalize("success")
 def test_processes_that_open_a_new_mlflow_store_at_once_all_log(tmp_path: Path):
     """torchrun's ranks, or the parallel jobs of a sweep, start together on a new mlflow.db; without the lock
     MLflow's table creation and Lightning's experiment creation collided (alembic or "already exists")."""
-
-    def outputs(n: int) -> tuple[Path, Path]:
-        return tmp_path / f"{n}.out", tmp_path / f"{n}.err"
-
     script = tmp_path / "open_at_once.py"
     script.write_text(OPEN_AT_ONCE)
+    errors = [open(tmp_path / f"{n}.err", "w") for n in range(2)]  # noqa: SIM115 - closed below
     processes = [
-        cli_server.start([str(script), str(tmp_path), str(n)], ROOT, cli_env(), *outputs(n)) for n in range(2)
+        subprocess.Popen(
+            [sys.executable, script, tmp_path, str(n)], cwd=ROOT, env=cli_env(), stderr=errors[n]
+        )
+        for n in range(2)
     ]
     while len(list(tmp_path.glob("ready-*"))) < 2 and all(p.poll() is None for p in processes):
         time.sleep(0.05)
     (tmp_path / "go").touch()
     for n, process in enumerate(processes):
-        assert process.wait(120) == 0, outputs(n)[1].read_text()[-3000:]
+        assert process.wait(120) == 0, (tmp_path / f"{n}.err").read_text()[-3000:]
+        errors[n].close()
     _, runs = mlflow_runs(tmp_path, "train")
     assert sorted(run.data.metrics["val/acc"] for run in runs) == [0.0, 1.0]
 

@@ -56,8 +56,8 @@ def without_torch(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def report_cli(
     *overrides: str, log_dir: Path, data_dir: Path, blocked: Path, cwd: Path = ROOT
 ) -> subprocess.CompletedProcess:
-    """`python src/report.py overrides...` as a fresh process that cannot import torch or Lightning (faster
-    than the fork server's children, which carry torch: 0.4 s a command instead of 0.65)."""
+    """`python src/report.py overrides...` as a new process that cannot import torch or Lightning (0.4 s a
+    command)."""
     command = cli_command("report", *overrides, log_dir=log_dir, data_dir=data_dir)
     env = cli_env(PYTHONPATH=str(blocked))
     return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=120)

@@ -6,6 +6,7 @@ import random
 import re
 import shutil
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -20,7 +21,6 @@ from src import api
 from src.callbacks.interrupt_checkpoint import InterruptCheckpoint
 from src.run.checkpoints import AtomicCheckpointIO, load_checkpoint
 from src.run.resume import plan_resume
-from tests.cli_server import Started
 from tests.conftest import ROOT, paths, run_cli, start_cli, wandb_records
 from tests.helpers import StopAt
 
@@ -367,7 +367,7 @@ def test_a_run_stopped_by_sigterm_at_any_moment_continues_as_if_it_never_stopped
 # --- slow: real kills ---
 
 
-def wait_for(condition, process: Started, timeout: float = 240) -> None:
+def wait_for(condition, process: subprocess.Popen, timeout: float = 240) -> None:
     deadline = time.time() + timeout
     while not condition():
         assert process.poll() is None, "the run ended before the moment the test waits for"

@@ -243,8 +243,7 @@ OPTIONAL_IMPORTS += ["peft", "pyarrow", "transformers.models.bert"]
 def test_help_config_printing_and_the_default_run_import_no_optional_package(tmp_path: Path, data_dir: Path):
     for overrides in (["--help"], ["--cfg", "job", "logger=wandb"], ["debug=fdr"]):
         command = cli_command("train", *overrides, log_dir=tmp_path, data_dir=data_dir)
-        # A wrapper that says which of them were imported before the command (none: the fork server imports
-        # none of them either) and at its exit.
+        # A wrapper that says which of them were imported before the command (none) and at its exit.
         probe = tmp_path / "probe.py"
         probe.write_text(
             f"import atexit, runpy, sys\nnames = {OPTIONAL_IMPORTS!r}\n"
