@@ -21,13 +21,14 @@ from src.data.components.text_files import read_text_file
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """Fit and score the baseline on the files the arguments name (`argv`: sys.argv[1:] when None)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--train", type=Path, help="training file (default: the example's train.csv)")
     parser.add_argument("--test", type=Path, help="test file (default: the example's test.csv)")
     parser.add_argument("--text-column", default="text")
     parser.add_argument("--label-column", default="label")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.train is None or args.test is None:
         example = make_example_texts(ROOT / "data" / "example_texts", exist_ok=True)
         args.train, args.test = args.train or example / "train.csv", args.test or example / "test.csv"

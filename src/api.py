@@ -14,7 +14,9 @@ a run directory with run.json, its log file and the .hydra/ snapshot. docs/pytho
 
 import logging
 import os
+import signal
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,6 +78,17 @@ def export(overrides: Sequence[str] = ()) -> Result:
 # /part
 
 
+# part: streaming
+def shard(overrides: Sequence[str] = ()) -> Result:
+    """`python src/shard.py overrides`: a data option's splits written as shards for data=streaming."""
+    from src.data.components.shards import shard as write_shards  # litdata, imported only to shard
+
+    return _run("shard", write_shards, overrides)
+
+
+# /part
+
+
 @dataclass
 class LoadedRun:
     """A trained run, ready to look into: the model in eval mode with the checkpoint's weights, on the device
@@ -120,9 +133,11 @@ def _run(task_name: str, task: Callable[[DictConfig], Any], overrides: Sequence[
         task(cfg)
 
     # sys.argv as the command that runs the same, for run.json's `command` (a kernel's own would not say how);
-    # afterwards the caller's logging (Hydra points the root logger at the run's log file) and environment
-    # (Lightning's PL_GLOBAL_SEED, a logger's settings) as they were.
-    argv, environ, root = sys.argv, dict(os.environ), logging.getLogger()
+    # afterwards the caller's logging (Hydra points the root logger at the run's log file), environment
+    # (Lightning's PL_GLOBAL_SEED, a logger's settings) and Ctrl+C (Lightning ignores it after a first one)
+    # as they were.
+    argv, environ, sigint = sys.argv, dict(os.environ), signal.getsignal(signal.SIGINT)
+    root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
     sys.argv = [f"src/{task_name}.py", *overrides]
     try:
@@ -135,5 +150,7 @@ def _run(task_name: str, task: Callable[[DictConfig], Any], overrides: Sequence[
             handler.close()
         root.handlers[:] = handlers
         root.setLevel(level)
+        if threading.current_thread() is threading.main_thread():  # where Python handles signals
+            signal.signal(signal.SIGINT, sigint)
     record = read_record(run_dirs[0]) or {}
     return Result(run_dirs[0], record.get("final_metrics") or {})
