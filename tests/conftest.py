@@ -22,15 +22,10 @@ import src  # noqa: F401 - registers the config resolvers
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG_DIR = ROOT / "configs"
 
-# `make test` runs two test processes (pytest -n 2), each training in-process and starting training processes:
-# with one thread per process instead of one per core they do not oversubscribe the cores (5 min instead of
-# 6.5 on 2 cores). Set before torch is first imported (by the test modules), so the test processes' own
-# runs use one thread too, as the commands they start do.
+# One thread per process: `pytest -n 2` runs two test processes on 2 cores, and the processes they start. Set
+# before torch is imported, so that runs in a test process compute as the commands they are compared with. No
+# other variable is set for all tests: one that users do not set could hide a bug they meet.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-# No other variable is set for all tests: one that users do not set could hide a bug they meet (a logger's
-# switch to allow its file store once did). A test with a wandb logger passes `logger.wandb.offline=true`, as the config
-# documents, so it needs no login and no network (or, where Lightning refuses that, WANDB_MODE=offline for
-# that one command: see its comment).
 
 
 # part: template
@@ -43,6 +38,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 # /part
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The slow tests first, each file's in their order: with `pytest -n 2` the longest ones start early and
     the quick ones fill in at the end, instead of one long test running alone after all the others."""
@@ -81,10 +78,8 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def digits_run(tmp_path_factory: pytest.TempPathFactory, data_dir: Path) -> Path:
-    """One finished training run for the whole session, for the tests that only need "a trained run" (its run
-    dir, checkpoints, run.json and CSV log): `python src/train.py data=digits model/net=mlp
-    trainer.max_epochs=2 run_name=mlp`, the first thing the README has a user do. Its users read it and write
-    their own outputs (eval and predict runs, exports with output=) into their own tmp_path."""
+    """The run dir of `python src/train.py data=digits model/net=mlp trainer.max_epochs=2 run_name=mlp`, trained
+    once for the tests that need a trained run; they write their own outputs into their own tmp_path."""
 
     def train(log_dir: Path) -> None:
         from src import api
@@ -97,9 +92,8 @@ def digits_run(tmp_path_factory: pytest.TempPathFactory, data_dir: Path) -> Path
 
 @pytest.fixture(scope="session")
 def seeds_sweep(tmp_path_factory: pytest.TempPathFactory, data_dir: Path) -> Path:
-    """One grid sweep of two nets with three seeds each, for the whole session (its sweep dir): `python
-    src/train.py -m data=digits model/net=mlp,simple_cnn seed=1,2,3 trainer.max_epochs=1`, the README's
-    example of a result reported as mean ± std over seeds."""
+    """The sweep dir of `python src/train.py -m data=digits model/net=mlp,simple_cnn seed=1,2,3
+    trainer.max_epochs=1`, the README's mean ± std over seeds, run once for the session."""
 
     def sweep(log_dir: Path) -> None:
         grid = ["data=digits", "model/net=mlp,simple_cnn", "seed=1,2,3", "trainer.max_epochs=1"]
@@ -139,17 +133,14 @@ def segment_run(tmp_path_factory: pytest.TempPathFactory, data_dir: Path) -> Pat
 
 
 def csv_unless_chosen(config_name: str, overrides: Sequence[str]) -> list[str]:
-    """`logger=csv` for a train or eval run whose test chooses no logger: tests read the CSV log
-    (`last_metrics`), whatever logger the project defaults to (a generated project may default to wandb, which
-    needs a login). The tests of the other loggers choose them."""
+    """`logger=csv` for a train or eval run whose test chooses no logger (see `paths`)."""
     chosen = any(o.lstrip("+~").startswith(("logger=", "logger.", "experiment=")) for o in overrides)
     return list(overrides) if chosen or config_name not in ("train", "eval") else [*overrides, "logger=csv"]
 
 
 @pytest.fixture
 def here(tmp_path: Path, data_dir: Path) -> list[str]:
-    """The overrides that keep a run's files in tmp_path and read the session's data dir, put before a test's
-    own in a `src.api` call (`api.train([*here, "data=digits"])`): a later `logger=` overrides the CSV one."""
+    """`paths` into tmp_path, put first in a `src.api` call (`api.train([*here, "data=digits"])`)."""
     return paths(tmp_path, data_dir)
 
 
@@ -160,8 +151,8 @@ def here_for_inference(tmp_path: Path, data_dir: Path) -> list[str]:
 
 
 def paths(log_dir: Path, data_dir: Path) -> list[str]:
-    """A run's logs into `log_dir`, its data from `data_dir`, its metrics into a CSV log (tests read it, and a
-    generated project may default to wandb, which needs a login); no config tree on the console."""
+    """A run's logs into `log_dir`, its data from `data_dir`, its metrics into a CSV log that tests read (a
+    project may default to wandb, which needs a login; a later `logger=` wins); no config tree printed."""
     return [
         f"paths.log_dir={log_dir}",
         f"paths.data_dir={data_dir}",

@@ -9,23 +9,24 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
-import torch
+import torch  # [part: pretrained]
 
 from src.run.checkpoints import AtomicCheckpointIO
 
 
 class InterruptAtStep(L.Callback):
-    """Raises KeyboardInterrupt (as Ctrl+C would) after the optimizer step $INTERRUPT_AT_STEP, if that is set.
+    """Raises KeyboardInterrupt (as Ctrl+C would) once, after optimizer step `InterruptAtStep.step` (set it to
+    arm it)."""
 
-    Read from the environment, so the interrupted and the resumed attempt have the same config.
-    """
+    step: int | None = None
 
     def on_train_batch_end(self, trainer: L.Trainer, *args, **kwargs) -> None:
-        step = os.environ.get("INTERRUPT_AT_STEP")
-        if step is not None and trainer.global_step == int(step):
+        if trainer.global_step == InterruptAtStep.step:
+            InterruptAtStep.step = None
             raise KeyboardInterrupt
 
 
+# part: streaming
 class KillAtStep(L.Callback):
     """Kills its own process with SIGKILL (no handler runs, nothing is saved on the way out) after the
     optimizer step $KILL_AT_STEP, if that is set: a machine lost mid-epoch, at a step the test chooses."""
@@ -36,6 +37,10 @@ class KillAtStep(L.Callback):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
+# /part
+
+
+# part: pretrained
 class RecordWeights(L.Callback):
     """Keeps the module's state after every optimizer step and saves the list to `path` when training ends:
     the raw weights a test recomputes a weight average from."""
@@ -51,14 +56,7 @@ class RecordWeights(L.Callback):
         torch.save(self.steps, self.path)
 
 
-class InterruptInValidation(L.Callback):
-    """Raises KeyboardInterrupt (as Ctrl+C would) in the middle of the validation that follows the optimizer step
-    $INTERRUPT_IN_VALIDATION_AT_STEP, if that is set."""
-
-    def on_validation_batch_end(self, trainer: L.Trainer, *args, **kwargs) -> None:
-        step = os.environ.get("INTERRUPT_IN_VALIDATION_AT_STEP")
-        if step is not None and not trainer.sanity_checking and trainer.global_step == int(step):
-            raise KeyboardInterrupt
+# /part
 
 
 class RecordValidationSet(L.Callback):

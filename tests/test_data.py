@@ -8,24 +8,15 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from hydra.utils import instantiate
 
 from src import api
 from src.data.datamodule import split_batch_size
 from src.data.digits_datamodule import DigitsDataModule
+from src.data.in_memory_datamodule import tensors_of
 from src.data.mnist5k_datamodule import MNIST5kDataModule
 from tests.conftest import CONFIG_DIR, last_metrics, paths
 
-DATA_OPTIONS = sorted(p.stem for p in (CONFIG_DIR / "data").glob("*.yaml"))
-DEBUG_PRESETS = sorted(p.stem for p in (CONFIG_DIR / "debug").glob("*.yaml"))
-# What a data option needs besides the default config to be built (not set up) here: the keys it leaves to the
-# user, or takes from a model option other than the default one.
-BUILD_WITH: dict[str, list[str]] = {}
-# part: text
-# The net's tokenizer (a text model's key): given to the data directly. Built, the example writes its folder.
-BUILD_WITH["text_file"] = ["data.train_file=texts.csv", "data.tokenizer=tokenizer"]
-BUILD_WITH["example_texts"] = ["data.tokenizer=${paths.data_dir}/example_texts/tokenizer"]
-# /part
+DIGITS = {"num_classes": 10, "input_shape": [1, 8, 8], "split": [1297, 250, 250]}
 
 
 def test_mnist5k_has_a_fixed_4000_500_500_split_of_real_digits(data_dir: Path):
@@ -42,20 +33,10 @@ def test_mnist5k_has_a_fixed_4000_500_500_split_of_real_digits(data_dir: Path):
 
 
 def test_digits_datamodule_gives_8x8_images(data_dir: Path):
-    dm = DigitsDataModule(str(data_dir), 10, [1, 8, 8], [1297, 250, 250], batch_size=32)
+    dm = DigitsDataModule(str(data_dir), **DIGITS, batch_size=32)
     dm.setup()
     assert len(dm.data_train) + len(dm.data_val) + len(dm.data_test) == 1797
     assert next(iter(dm.val_dataloader()))[0].shape == (32, 1, 8, 8)
-
-
-def loader_batches(datamodule, epochs: int = 2) -> list[list[torch.Tensor]]:
-    """Every batch of the train loader over `epochs` epochs, then of the val loader."""
-    loader = datamodule.train_dataloader()
-    batches = []
-    for epoch in range(epochs):
-        loader.batch_sampler.sampler.set_epoch(epoch)
-        batches += [list(batch) for batch in loader]
-    return batches + [list(batch) for batch in datamodule.val_dataloader()]
 
 
 @pytest.mark.parametrize(("loading", "workers"), [("batches", 0), ("batches", 2), ("device", 0)])
@@ -63,34 +44,46 @@ def test_in_memory_batches_are_the_sample_by_sample_loaders_batches_in_the_same_
     data_dir: Path, monkeypatch: pytest.MonkeyPatch, loading: str, workers: int
 ):
     monkeypatch.setenv("PL_GLOBAL_SEED", "7")  # the run's seed, which the shuffling follows
-    settings = {"split": [1297, 250, 250], "batch_size": 100}
-    reference = DigitsDataModule(str(data_dir), 10, [1, 8, 8], loading="samples", **settings)
-    fast = DigitsDataModule(str(data_dir), 10, [1, 8, 8], loading=loading, num_workers=workers, **settings)
-    for datamodule in (reference, fast):
-        datamodule.setup("fit")
-    expected, got = loader_batches(reference), loader_batches(fast)
+
+    def batches(**settings) -> list[list[torch.Tensor]]:
+        """Every batch of two epochs of the train loader, then of the val loader."""
+        dm = DigitsDataModule(str(data_dir), **DIGITS | {"batch_size": 100}, **settings)
+        dm.setup("fit")
+        loader, seen = dm.train_dataloader(), []
+        for epoch in range(2):
+            loader.batch_sampler.sampler.set_epoch(epoch)
+            seen += [list(batch) for batch in loader]
+        return seen + [list(batch) for batch in dm.val_dataloader()]
+
+    expected, got = batches(loading="samples"), batches(loading=loading, num_workers=workers)
     assert len(got) == len(expected) == 2 * 13 + 3  # 1297 / 100 per epoch, then 250 / 100
     for (images, labels), (want_images, want_labels) in zip(got, expected, strict=True):
         assert torch.equal(images, want_images) and torch.equal(labels, want_labels)
 
 
-def test_batches_need_tensor_datasets():
-    from src.data.in_memory_datamodule import tensors_of
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"loading": "fast"}, r"data.loading=fast is not one of samples, batches, device"),
+        ({"loading": "device", "num_workers": 2}, r"data.loading=device .* needs data.num_workers=0"),
+        ({"split": [1000, 100, 100]}, r"data.split=\[1000, 100, 100\] does not fit digits, which has 1797"),
+        (
+            {"input_shape": [1, 28, 28]},
+            r"data.input_shape=\[1, 28, 28\] but digits images have shape \[1, 8, 8\]",
+        ),
+        ({"num_classes": 5}, r"data.num_classes=5 but digits has 10 classes"),
+    ],
+)
+def test_bad_digits_settings_are_refused_naming_the_key(data_dir: Path, settings: dict, message: str):
+    with pytest.raises(ValueError, match=message):
+        DigitsDataModule(str(data_dir), **DIGITS | settings).setup()
 
+
+def test_batches_need_tensor_datasets_and_the_batch_size_splits_evenly_across_devices():
     with pytest.raises(
         TypeError, match=r"data.loading=batches needs tensor datasets, but this split is a list"
     ):
         tensors_of([(torch.zeros(1), 0)])
-
-
-def test_a_bad_loading_is_refused(data_dir: Path):
-    with pytest.raises(ValueError, match=r"data.loading=fast is not one of samples, batches, device"):
-        DigitsDataModule(str(data_dir), 10, [1, 8, 8], [1297, 250, 250], loading="fast")
-    with pytest.raises(ValueError, match=r"data.loading=device .* needs data.num_workers=0"):
-        DigitsDataModule(str(data_dir), 10, [1, 8, 8], [1297, 250, 250], loading="device", num_workers=2)
-
-
-def test_global_batch_size_is_split_across_devices():
     assert split_batch_size(64, 2) == 32
     with pytest.raises(
         ValueError, match=r"data.batch_size=100 is not divisible by 3 devices; choose a multiple of 3"
@@ -99,36 +92,14 @@ def test_global_batch_size_is_split_across_devices():
     # A batch size below 1 preflight refuses (tests/test_bad_input.py).
 
 
-def test_a_split_that_does_not_fit_the_dataset_is_refused(data_dir: Path):
-    dm = DigitsDataModule(str(data_dir), 10, [1, 8, 8], split=[1000, 100, 100])
-    with pytest.raises(
-        ValueError, match=r"data.split=\[1000, 100, 100\] does not fit digits, which has 1797"
-    ):
-        dm.setup()
-
-
-def test_wrong_input_shape_is_refused(data_dir: Path):
-    dm = DigitsDataModule(str(data_dir), 10, [1, 28, 28], [1297, 250, 250])
-    with pytest.raises(
-        ValueError, match=r"data.input_shape=\[1, 28, 28\] but digits images have shape \[1, 8, 8\]"
-    ):
-        dm.setup()
-
-
-def test_wrong_num_classes_is_refused(data_dir: Path):
-    dm = DigitsDataModule(str(data_dir), 5, [1, 8, 8], [1297, 250, 250])
-    with pytest.raises(ValueError, match=r"data.num_classes=5 but digits has 10 classes"):
-        dm.setup()
-
-
-# --- every debug preset with every data option ---
-
-
-@pytest.mark.parametrize("option", DATA_OPTIONS)
-@pytest.mark.parametrize("preset", DEBUG_PRESETS)
-def test_every_debug_preset_composes_with_every_data_option_into_a_datamodule(compose_cfg, preset, option):
-    cfg = compose_cfg("train", [f"debug={preset}", f"data={option}", *BUILD_WITH.get(option, [])])
-    instantiate(cfg.data, _convert_="all")  # a key the datamodule does not take fails here
+def test_augment_false_turns_the_random_shift_off(data_dir: Path):
+    images = torch.arange(64.0).view(1, 1, 8, 8).repeat(4, 1, 1, 1)
+    for augment in (True, False):
+        dm = DigitsDataModule(str(data_dir), **DIGITS, random_shift=2, augment=augment)
+        dm.trainer = SimpleNamespace(training=True)
+        torch.manual_seed(0)
+        shifted = [dm.on_after_batch_transfer([images, torch.zeros(4)], 0)[0] for _ in range(10)]
+        assert any(not torch.equal(batch, images) for batch in shifted) == augment
 
 
 def data_writer(option: str) -> Callable[[Path], list[str]] | None:
@@ -157,30 +128,18 @@ MODEL_FOR["example_texts"] = [
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("option", DATA_OPTIONS)
+@pytest.mark.parametrize("option", sorted(p.stem for p in (CONFIG_DIR / "data").glob("*.yaml")))
 def test_the_overfit_preset_trains_on_every_data_option(option: str, tmp_path: Path, data_dir: Path):
+    """Every data option with every key a debug preset sets (they all build on debug/default), end to end."""
     write = data_writer(option)
     option_data_dir = tmp_path / "data" if write else data_dir  # the session's, with the mnist5k cache
-    overrides = write(option_data_dir) if write else []
+    overrides = [
+        f"data={option}",
+        *MODEL_FOR.get(option, ["model/net=mlp"]),
+        *(write(option_data_dir) if write else []),
+    ]
     run = api.train(
-        [
-            *paths(tmp_path / "logs", option_data_dir),
-            "debug=overfit",
-            f"data={option}",
-            *MODEL_FOR.get(option, ["model/net=mlp"]),
-            "trainer.max_epochs=2",
-            *overrides,
-        ]
+        [*paths(tmp_path / "logs", option_data_dir), "debug=overfit", "trainer.max_epochs=2", *overrides]
     )
     assert run.run_dir.parent == tmp_path / "logs" / "debug" / "runs"  # a debug preset's run: in logs/debug/
     assert "train/acc" in last_metrics(run.run_dir)
-
-
-def test_augment_false_turns_the_random_shift_off(data_dir: Path):
-    images = torch.arange(64.0).view(1, 1, 8, 8).repeat(4, 1, 1, 1)
-    for augment in (True, False):
-        dm = DigitsDataModule(str(data_dir), 10, [1, 8, 8], [1297, 250, 250], random_shift=2, augment=augment)
-        dm.trainer = SimpleNamespace(training=True)
-        torch.manual_seed(0)
-        shifted = [dm.on_after_batch_transfer([images, torch.zeros(4)], 0)[0] for _ in range(10)]
-        assert any(not torch.equal(batch, images) for batch in shifted) == augment

@@ -8,9 +8,12 @@ import lightning as L
 import pytest
 from hydra.utils import instantiate
 
+from src import api
 from src.callbacks.training_guards import TrainingGuards
 from src.run.builder import instantiate_group, skip_idle_batch_hooks
-from tests.conftest import CONFIG_DIR, ROOT, last_metrics, only_run_dir, run_cli
+from tests.conftest import CONFIG_DIR, ROOT, last_metrics
+
+DIGITS_MLP = ["data=digits", "model/net=mlp"]
 
 NEEDED = {
     "model_checkpoint",
@@ -54,36 +57,30 @@ def test_the_configuration_reference_lists_every_callback_option():
     assert listed == options
 
 
-def test_throughput_and_the_model_summary_show_when_asked_for(tmp_path: Path, data_dir: Path):
+def test_throughput_and_the_model_summary_show_when_asked_for(here: list[str], capsys):
     # Histograms and prediction pictures are checked in a real run with every logger (test_tracking.py).
-    # On the command line: the model summary is printed to the console only, not to the log file.
-    overrides = ["data=digits", "model/net=mlp", "trainer.max_epochs=1"]
-    result = run_cli(
-        "train",
-        *overrides,
-        "callbacks=[default,throughput,model_summary]",
-        log_dir=tmp_path,
-        data_dir=data_dir,
+    run = api.train(
+        [*here, *DIGITS_MLP, "trainer.max_epochs=1", "callbacks=[default,throughput,model_summary]"]
     )
-    assert result.returncode == 0, result.stderr[-3000:]
-    metrics = last_metrics(only_run_dir(tmp_path))
+    metrics = last_metrics(run.run_dir)
     assert metrics["perf/train_samples_per_sec"] > 0 and metrics["perf/fit_samples_per_sec"] > 0
-    assert "net.layers" in result.stdout  # RichModelSummary's max_depth=2 (Lightning's own lists only `net`)
+    # On the console only, not in the log file; max_depth=2 (Lightning's own summary lists only `net`).
+    assert (
+        "net.layers" in capsys.readouterr().out
+        and "net.layers" not in (run.run_dir / "train.log").read_text()
+    )
 
 
-def test_the_profiler_times_the_batch_hooks_that_do_something(tmp_path: Path, data_dir: Path):
+def test_the_profiler_times_the_batch_hooks_that_do_something(here: list[str], capsys):
     # Lightning would call every batch hook of every callback at each batch; the ones that are empty or idle
     # under the callback's settings are skipped (src/run/builder.py), the others still run and are timed.
-    # On the command line, whose output is a pipe as in a batch job: run from Python under `pytest -s` in a
-    # terminal, the progress bar would draw, and its batch hooks would run.
-    result = run_cli(
-        "train", "data=digits", "model/net=mlp", "debug=profiler", log_dir=tmp_path, data_dir=data_dir
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    timed = result.stdout
+    # capsys: the console is no terminal, as in a batch job, whatever runs the tests (else the bar would draw).
+    run = api.train([*here, *DIGITS_MLP, "debug=profiler"])
+    timed = (run.run_dir / "debug.log").read_text()
     for hook in (
         "TrainingGuards.on_before_backward",  # the NaN guard, at every step
         "TrainingGuards.on_after_backward",  # unused parameters, at the first step
+        "ResumeState.on_train_start",  # hooks outside the batch loop: called as Lightning does
     ):
         assert f"[Callback]{hook}" in timed, hook
     for hook in (
@@ -94,16 +91,13 @@ def test_the_profiler_times_the_batch_hooks_that_do_something(tmp_path: Path, da
         "LastCheckpoint.on_train_batch_end",  # idle: every_n_train_steps=null
         "TrainingGuards.on_before_optimizer_step",  # idle: log_grad_norm=false
         "TrainingGuards.on_train_batch_end",  # idle: the loss is checked as it comes on one CPU process
-        "RichProgressBar.on_train_batch_end",  # idle: the output is a pipe, no terminal to draw a bar on
+        "RichProgressBar.on_train_batch_end",  # idle: no terminal to draw a bar on
         "RichProgressBar.on_validation_batch_end",
     ):
         assert f"[Callback]{hook}" not in timed, hook
     checkpoint = r"\[Callback\]ModelCheckpoint\{[^}]*\}\."  # its profiler name holds its settings
     assert re.search(checkpoint + "on_validation_end", timed)  # where it saves the best checkpoint
     assert not re.search(checkpoint + "on_train_batch_end", timed)  # idle: no every_n_train_steps
-    assert (
-        "[Callback]ResumeState.on_train_start" in timed
-    )  # hooks outside the batch loop: called as Lightning does
 
 
 def test_a_batch_hook_runs_when_a_setting_needs_it(compose_cfg, tmp_path: Path):
@@ -132,7 +126,7 @@ def test_a_batch_hook_runs_when_a_setting_needs_it(compose_cfg, tmp_path: Path):
 
 
 def test_the_training_guards_log_the_gradient_norm_when_asked(compose_cfg):
-    cfg = compose_cfg("train", ["data=digits", "model/net=mlp"])
+    cfg = compose_cfg("train", DIGITS_MLP)
     guards = TrainingGuards(log_grad_norm=True)
     trainer = L.Trainer(fast_dev_run=True, callbacks=[guards], logger=False, enable_progress_bar=False)
     trainer.fit(instantiate(cfg.model), datamodule=instantiate(cfg.data, _convert_="all"))

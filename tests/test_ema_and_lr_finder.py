@@ -21,16 +21,15 @@ from src.callbacks.lr_finder import steepest_descent
 from src.run import preflight
 from src.run.checkpoints import load_checkpoint
 from src.run.trained_run import TrainedRun, load_model  # [part: predict]
-from tests.conftest import CONFIG_DIR, ROOT, built_once, run_cli
-from tests.helpers import RecordWeights
+from tests.conftest import CONFIG_DIR, built_once, paths
+from tests.helpers import RecordWeights, StopAt
 
-WITH_TESTS = {"PYTHONPATH": str(ROOT)}  # so Hydra can load tests.helpers
-# Digits + MLP, 2 epochs of 6 steps, deterministic; the latest state saved every 4 steps, so a run killed at
-# step 9 (KILL_AT_STEP, in the middle of epoch 1) resumes from step 8.
+# Digits + MLP, 2 epochs of 6 steps, deterministic; the latest state saved every 4 steps; SIGTERM at
+# StopAt.moment, as a cluster's preemption.
 SHORT = [
     "data=digits", "model/net=mlp", "trainer.max_epochs=2", "+trainer.limit_train_batches=6",
     "trainer.deterministic=true", "callbacks.last_checkpoint.every_n_train_steps=4",
-    "+callbacks.kill._target_=tests.helpers.KillAtStep",
+    "+callbacks.stop._target_=tests.helpers.StopAt",
 ]  # fmt: skip
 DECAY = 0.8  # short runs: an average over the last few steps, far enough from the raw weights to tell apart
 EMA = [*SHORT, "callbacks=[default,ema]", f"callbacks.ema.decay={DECAY}"]  # with the default warm-up
@@ -47,15 +46,10 @@ RECORD_WEIGHTS = [
 
 
 def train_once(tmp_path_factory, data_dir: Path, name: str, overrides: list[str]) -> Path:
-    """The run dir of `python src/train.py <overrides> run_name=<name>`, trained once for the session. On the
-    command line: trainer.deterministic=true would leave torch's deterministic mode on in the test process,
-    and KillAtStep reads the environment."""
+    """The run dir of `api.train([*overrides, "run_name=<name>"])`, trained once for the session."""
 
     def train(log_dir: Path) -> None:
-        result = run_cli(
-            "train", *overrides, f"run_name={name}", log_dir=log_dir, data_dir=data_dir, env=WITH_TESTS
-        )
-        assert result.returncode == 0, result.stderr[-3000:]
+        api.train([*paths(log_dir, data_dir), *overrides, f"run_name={name}"])
 
     return built_once(tmp_path_factory, f"{name}_run", train) / "train" / "runs" / name
 
@@ -71,19 +65,12 @@ def lr_finder_run(tmp_path_factory, data_dir: Path) -> Path:
     return train_once(tmp_path_factory, data_dir, "lr", LR_FINDER)
 
 
-def killed_and_resumed(overrides: list[str], tmp_path: Path, data_dir: Path) -> tuple[Path, str]:
-    """A named run killed with SIGKILL at step 9, then run again with the same command: its run dir, and what
-    the second attempt printed."""
-    common = [*overrides, "run_name=killed"]
-    killed = run_cli(
-        "train", *common, log_dir=tmp_path, data_dir=data_dir, env=WITH_TESTS | {"KILL_AT_STEP": "9"}
-    )
-    assert killed.returncode == -9  # no handler, no last words: it resumes from last.ckpt of step 8
-    run_dir = tmp_path / "train" / "runs" / "killed"
-    assert load_checkpoint(run_dir / "checkpoints" / "last.ckpt")["global_step"] == 8
-    resumed = run_cli("train", *common, log_dir=tmp_path, data_dir=data_dir, env=WITH_TESTS)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    return run_dir, resumed.stdout + resumed.stderr
+def stopped_and_resumed(overrides: list[str], here: list[str], moment: tuple[int, int | None]) -> Path:
+    """A named run stopped by SIGTERM at `moment` (StopAt), then run again with the same overrides: its run dir."""
+    StopAt.moment = moment
+    with pytest.raises(SystemExit):
+        api.train([*here, *overrides, "run_name=stopped"])
+    return api.train([*here, *overrides, "run_name=stopped"]).run_dir
 
 
 def assert_same_tensors(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
@@ -228,40 +215,23 @@ def test_the_average_is_what_best_ckpt_holds_and_what_test_eval_predict_and_expo
 
 
 @pytest.mark.slow
-def test_a_killed_run_resumes_both_the_raw_weights_and_the_average(
-    ema_run: Path, tmp_path: Path, data_dir: Path
+@pytest.mark.parametrize(
+    ("moment", "resumed_from"),
+    [((9, None), "interrupted.ckpt"), ((6, 1), "last.ckpt")],
+    ids=["mid-epoch", "in validation"],
+)
+def test_a_stopped_run_resumes_both_the_raw_weights_and_the_average(
+    ema_run: Path, here: list[str], moment: tuple[int, int | None], resumed_from: str
 ):
-    run_dir, _ = killed_and_resumed(EMA, tmp_path, data_dir)
-    resumed = load_checkpoint(run_dir / "checkpoints" / "last.ckpt")
-    straight = load_checkpoint(ema_run / "checkpoints" / "last.ckpt")
-    for key in ("state_dict", "current_model_state", "averaging_state"):  # average, raw weights, step count
-        assert_same_tensors(resumed[key], straight[key])
-    assert resumed["averaging_state"]["n_averaged"] == straight["global_step"] == 12
-
-
-@pytest.mark.slow
-def test_an_interrupt_during_validation_continues_from_the_last_save_with_both_weights(
-    ema_run: Path, tmp_path: Path, data_dir: Path
-):
-    # Validation runs with the average swapped into the module; Ctrl+C in its middle (after step 6, the
-    # epoch's last) saves no checkpoint, and the run continues from last.ckpt of step 4, the raw weights and
+    # Validation runs with the average swapped into the module: stopped in its middle (after step 6, the
+    # epoch's last), the run saves no checkpoint and continues from last.ckpt of step 4, the raw weights and
     # the average each where they belong.
-    common = [*EMA, "+callbacks.stop._target_=tests.helpers.InterruptInValidation", "run_name=stopped"]
-    stopped = run_cli(
-        "train", *common, log_dir=tmp_path, data_dir=data_dir,
-        env=WITH_TESTS | {"INTERRUPT_IN_VALIDATION_AT_STEP": "6"},
-    )  # fmt: skip
-    assert stopped.returncode != 0
-    checkpoints = tmp_path / "train" / "runs" / "stopped" / "checkpoints"
-    assert sorted(path.name for path in checkpoints.iterdir()) == ["last.ckpt"]
-    assert load_checkpoint(checkpoints / "last.ckpt")["global_step"] == 4
-    resumed = run_cli("train", *common, log_dir=tmp_path, data_dir=data_dir, env=WITH_TESTS)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    ended, straight = (
-        load_checkpoint(run / "checkpoints" / "last.ckpt") for run in (checkpoints.parent, ema_run)
-    )
+    run_dir = stopped_and_resumed(EMA, here, moment)
+    assert json.loads((run_dir / "run.json").read_text())["resumed"]["checkpoint"].endswith(resumed_from)
+    ended, straight = (load_checkpoint(run / "checkpoints" / "last.ckpt") for run in (run_dir, ema_run))
     for key in ("state_dict", "current_model_state", "averaging_state"):  # average, raw weights, step count
         assert_same_tensors(ended[key], straight[key])
+    assert ended["averaging_state"]["n_averaged"] == straight["global_step"] == 12
 
 
 def test_a_weights_only_best_checkpoint_is_refused_with_the_average(compose_cfg):
@@ -296,15 +266,17 @@ def test_the_rate_found_trains_the_run_and_is_saved_with_its_curve(lr_finder_run
 
 
 @pytest.mark.slow
-def test_a_killed_run_resumes_with_the_rate_found_without_searching_again(
-    lr_finder_run: Path, tmp_path: Path, data_dir: Path
+def test_a_stopped_run_resumes_with_the_rate_found_without_searching_again(
+    lr_finder_run: Path, here: list[str]
 ):
-    run_dir, printed = killed_and_resumed(LR_FINDER, tmp_path, data_dir)
-    assert "the learning rate is not searched again" in printed and "Finding best initial lr" not in printed
-    suggestion = json.loads((run_dir / "lr_finder.json").read_text())["suggestion"]  # the first attempt's
-    assert json.loads((run_dir / "run.json").read_text())["lr_finder"] == {"suggestion": suggestion}
+    run_dir = stopped_and_resumed(LR_FINDER, here, (9, None))
+    log = (run_dir / "train.log").read_text()  # of both attempts
+    assert "the learning rate is not searched again" in log
+    assert log.count("Learning-rate finder: training with its suggestion") == 1  # searched by the first only
+    found = json.loads((run_dir / "lr_finder.json").read_text())  # the first attempt's
+    assert json.loads((run_dir / "run.json").read_text())["lr_finder"] == {"suggestion": found["suggestion"]}
     resumed = load_checkpoint(run_dir / "checkpoints" / "last.ckpt")
-    assert resumed["hyper_parameters"]["optimizer"]["lr"] == suggestion
+    assert resumed["hyper_parameters"]["optimizer"]["lr"] == found["suggestion"]
     assert_same_tensors(
         resumed["state_dict"], load_checkpoint(lr_finder_run / "checkpoints" / "last.ckpt")["state_dict"]
     )

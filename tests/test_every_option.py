@@ -1,22 +1,15 @@
-"""Every option of every config group runs, on a fresh install, as a user runs it: `python src/train.py
--m debug=fdr <group>=<each option>` (one batch of each stage per option; one process per group, so the
-imports are paid once). The data options train in tests/test_data.py; here, those that need something first.
-Loggers walk with debug=limit instead: fast_dev_run swaps every logger for a dummy, which would hide a logger
-that fails at its first write (as a tracking store's file store once did). An option that needs something first (a GPU, a
-download, a login, its own data) fails with a message that says what; the test lists those with the words
-they must say.
+"""Every option of every config group runs one batch of each stage (`api.train(["debug=fdr", "<group>=<option>"])`),
+or says what it needs first (a GPU, a download, its own data): a new YAML file in a group must run, or be
+listed below with the words its error must say. Loggers run with debug=limit: fast_dev_run swaps every logger
+for a dummy, which would hide one that fails at its first write."""
 
-A new YAML file in a group is picked up by itself: it must run, or be listed below with its message.
-`extras` and `paths` have one option each, `default`, which every run here uses.
-"""
-
-import csv
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.conftest import CONFIG_DIR, ROOT, last_metrics, run_cli
+from src import api
+from tests.conftest import CONFIG_DIR, ROOT, last_metrics, paths
 
 # Groups whose options are walked, and the overrides each walk adds.
 FDR = ["debug=fdr"]
@@ -30,8 +23,7 @@ GROUPS = {
     "logger": ["debug=limit", "trainer.max_epochs=1", "data=digits", "model/net=mlp"],
     "trainer": FDR,
     "experiment": FDR,
-    "debug": ["data=digits", "model/net=mlp"],  # the presets themselves, on the digits MLP (seconds each);
-    # tests/test_data.py runs debug=overfit on every data option
+    "debug": ["data=digits", "model/net=mlp"],  # the presets themselves, on the digits MLP (seconds each)
 }
 # Options that cannot run here, and what their error must say so that the user knows what to do first.
 NEEDS_SOMETHING = {
@@ -53,28 +45,8 @@ def options(group: str) -> list[str]:
     return sorted(path.stem for path in (CONFIG_DIR / group).glob("*.yaml"))
 
 
-def walk(group: str, choices: list[str], *overrides: str, tmp_path: Path, data_dir: Path) -> dict[str, dict]:
-    """Run one multirun over `choices` of `group`; return each job's row of the sweep summary."""
-    if not choices:  # e.g. the data options that need something, in a project generated without them
-        return {}
-    result = run_cli(
-        "train",
-        "-m",
-        f"{group}={','.join(choices)}",
-        *overrides,
-        log_dir=tmp_path,
-        data_dir=data_dir,
-        timeout=600,
-    )
-    (sweep,) = (tmp_path / "debug" / "multiruns").iterdir()
-    with open(sweep / "summary.csv") as file:
-        rows = {row[group]: row | {"dir": sweep / row["job"]} for row in csv.DictReader(file)}
-    assert sorted(rows) == sorted(choices), result.stderr[-3000:]
-    return rows
-
-
-# Options walked apart from the group's others, with the overrides a user gives them: a key the group's other
-# options lack, or the data and model of another task than the default classification.
+# Options run with overrides of their own, as a user gives them: a key the group's other options lack, or the
+# data and model of another task than the default classification.
 SEGMENTATION = ["data=digit_scenes", "model=segmenter"]  # [part: segmentation]
 # part: text
 # The example texts, and a net from scratch with their tokenizer.
@@ -84,7 +56,7 @@ TEXTS = [
     "model.net.tokenizer=${paths.data_dir}/example_texts/tokenizer",
 ]
 # /part
-ALONE = {
+OWN_OVERRIDES = {
     ("logger", "wandb"): ["logger.wandb.offline=true"],  # no wandb login here: offline, as documented
     # part: segmentation
     ("data", "digit_scenes"): ["model=segmenter"],
@@ -117,40 +89,33 @@ def test_the_options_run_in_full_elsewhere_are_run_there():
 @pytest.mark.slow
 @pytest.mark.parametrize("group", GROUPS)
 def test_every_option_of_the_group_runs_or_says_what_it_needs(group: str, tmp_path: Path, data_dir: Path):
-    choices = [
-        option for option in options(group) if (group, option) not in ALONE.keys() | RUN_IN_FULL.keys()
-    ]
-    if group == "data":  # each trains with debug=overfit in tests/test_data.py, on files it writes first
-        choices = [option for option in choices if (group, option) in NEEDS_SOMETHING]
-    rows = walk(group, choices, *GROUPS[group], tmp_path=tmp_path / "together", data_dir=data_dir)
-    apart: dict[tuple[str, ...], list[str]] = {}  # options that share their overrides are walked together
-    for (alone_group, option), overrides in ALONE.items():
-        if option not in options(alone_group):  # an option of a part this project was generated without
-            continue
-        if alone_group == group and (group != "data" or (group, option) in NEEDS_SOMETHING):
-            apart.setdefault(tuple(overrides), []).append(option)
-    for i, (overrides, together) in enumerate(apart.items()):
-        rows |= walk(
-            group, together, *GROUPS[group], *overrides, tmp_path=tmp_path / f"apart{i}", data_dir=data_dir
-        )
-    needing = {option for needs_group, option in NEEDS_SOMETHING if needs_group == group}
-    assert needing & set(options(group)) <= rows.keys()
     problems = []
-    for option, row in rows.items():
+    for option in options(group):
         needs = NEEDS_SOMETHING.get((group, option))
-        if needs is None and row["status"] != "completed":
-            problems.append(f"{group}={option} failed: {row['error']}")
-        elif needs is not None and needs not in row["error"]:
-            problems.append(f"{group}={option}: expected an error saying {needs!r}, got {row['error']!r}")
+        if (group, option) in RUN_IN_FULL or (group == "data" and needs is None):  # trained elsewhere
+            continue
+        overrides = [f"{group}={option}", *GROUPS[group], *OWN_OVERRIDES.get((group, option), [])]
+        try:
+            run = api.train([*paths(tmp_path / option, data_dir), *overrides])
+        except Exception as error:  # what it says is what is checked
+            if needs is None or needs not in str(error):
+                problems.append(f"{group}={option}: expected to {needs or 'run'}, got {error!r}")
+            continue
+        if needs is not None:
+            problems.append(f"{group}={option} ran; expected an error saying {needs!r}")
+        elif option == "overfit" and group == "debug":  # what the preset is for: it memorises its 3 batches
+            assert last_metrics(run.run_dir)["train/acc"] > 0.95
     assert not problems, "\n".join(problems)
-    if group == "debug":  # what the overfit preset is for: the model memorises its 3 batches
-        assert last_metrics(rows["overfit"]["dir"])["train/acc"] > 0.95
 
 
 # part: optuna
 @pytest.mark.slow
 @pytest.mark.parametrize("search", options("hparams_search"))
 def test_every_hparams_search_runs_a_trial(search: str, tmp_path: Path, data_dir: Path):
+    import csv
+
+    from tests.conftest import run_cli  # a sweeper runs on the command line
+
     result = run_cli(
         "train", "-m", f"hparams_search={search}", "hydra.sweeper.n_trials=1", "trainer.max_epochs=1",
         "+trainer.limit_train_batches=2", "+trainer.limit_val_batches=1", "+trainer.limit_test_batches=1",
@@ -165,9 +130,8 @@ def test_every_hparams_search_runs_a_trial(search: str, tmp_path: Path, data_dir
 
 
 def test_the_groups_not_walked_have_only_the_option_every_walk_uses():
-    # A second option in one of these is walked by adding the group to GROUPS. Not walked either: the
-    # searches (the test above), your machine's settings (local/) and Hydra's own settings (hydra/: the
-    # sweeper runs in the searches; launcher=slurm needs a SLURM cluster).
+    # A second option in one of these is walked by adding the group to GROUPS. Not walked: your machine's
+    # settings (local/) and Hydra's own (hydra/; launcher=slurm needs a SLURM cluster).
     assert options("extras") == options("paths") == ["default"]
     groups = {path.parent.relative_to(CONFIG_DIR).as_posix() for path in CONFIG_DIR.glob("*/**/*.yaml")}
     others = {"extras", "paths", "hydra"}

@@ -21,7 +21,8 @@ from src.data.components.collate import pad_collate
 from src.data.components.example_images import CLASS_NAMES, make_example_images
 from src.data.components.mnist5k_file import load_mnist5k
 from src.run.preprocessing import follow_the_weights
-from tests.conftest import ROOT, last_metrics, only_run_dir, paths, run_cli
+from tests.conftest import ROOT, last_metrics, only_run_dir, paths
+from tests.helpers import StopAt
 
 SIZES = [(20, 24), (32, 32), (40, 28)]  # (width, height): mixed on purpose
 
@@ -386,21 +387,20 @@ def test_an_unreadable_image_fails_the_run_before_training_in_one_line(tmp_path:
     assert not (only_run_dir(tmp_path) / "checkpoints").exists()  # nothing was trained or saved
 
 
-def test_a_named_run_killed_mid_epoch_continues_with_the_same_command(tmp_path: Path, data_dir: Path):
+def test_a_named_run_stopped_mid_epoch_continues_with_the_same_command(tmp_path: Path, here: list[str]):
     """data.interpolation (and mean, std) left null follow the net: the same command, filled the same way
     before the resume check, is the same config (it was refused as another one)."""
     labels = write_label_folder(tmp_path / "images", ["cat", "dog"] * 8)
     command = [
-        "train", "data=image_folder", f"data.image_dir={tmp_path / 'images'}", f"data.label_file={labels}",
+        *here, "data=image_folder", f"data.image_dir={tmp_path / 'images'}", f"data.label_file={labels}",
         "data.num_classes=2", "data.input_shape=[3,16,16]", "data.batch_size=4", "model/net=mlp",
-        "trainer.max_epochs=3", "run_name=folder", "+callbacks.kill._target_=tests.helpers.KillAtStep",
+        "trainer.max_epochs=3", "run_name=folder", "+callbacks.stop._target_=tests.helpers.StopAt",
     ]  # fmt: skip
-    env = {"PYTHONPATH": str(ROOT)}  # Hydra finds the test callback
-    killed = run_cli(*command, log_dir=tmp_path / "logs", data_dir=data_dir, env={**env, "KILL_AT_STEP": "5"})
-    assert killed.returncode == -9, killed.stderr[-3000:]
-    resumed = run_cli(*command, log_dir=tmp_path / "logs", data_dir=data_dir, env=env)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "Resuming run folder" in resumed.stdout + resumed.stderr
+    StopAt.moment = (5, None)  # SIGTERM after step 5, in the second epoch
+    with pytest.raises(SystemExit):
+        api.train(command)
+    run_dir = api.train(command).run_dir
+    assert "Resuming run folder" in (run_dir / "train.log").read_text()
 
 
 def test_the_image_check_is_cached_and_a_changed_image_is_checked_again(image_folder, tmp_path: Path, caplog):

@@ -10,10 +10,13 @@ from pathlib import Path
 
 import optuna
 import pytest
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from optuna.trial import TrialState
 
 from hydra_plugins.optuna_sweeper.optuna_sweeper import parse_search
+from src import api
 from tests.conftest import built_once, last_metrics, run_cli, start_cli
 from tests.test_sweeps import read_summary
 
@@ -209,8 +212,11 @@ def test_a_sweep_that_keeps_failing_stops_at_its_failure_budget(tmp_path: Path, 
 
 
 @pytest.mark.slow
-def test_the_pruner_stops_a_hopeless_trial_after_its_first_epoch(tmp_path: Path, data_dir: Path):
+def test_the_pruner_stops_a_hopeless_ddp_trial_after_its_first_epoch_and_not_the_sweep(
+    tmp_path: Path, data_dir: Path
+):
     result = optuna_sweep(
+        "trainer=ddp_sim",
         "trainer.max_epochs=3",
         "hydra.sweeper.n_trials=3",
         "model.optimizer.lr=choice(0.000001,0.01)",  # 1e-6 learns nothing in 3 epochs
@@ -219,6 +225,9 @@ def test_the_pruner_stops_a_hopeless_trial_after_its_first_epoch(tmp_path: Path,
         data_dir=data_dir,
     )
     assert result.returncode == 0, result.stderr[-3000:]
+    output = result.stdout + result.stderr
+    assert "Forcefully terminating all other processes" not in output  # Lightning did not kill the sweep
+    assert output.count("[rank: 1] Seed set to") == 3  # each trial started its own worker
     pruned, completed = trials_in(tmp_path, TrialState.PRUNED), trials_in(tmp_path, TrialState.COMPLETE)
     assert pruned and completed
     for trial in pruned:
@@ -270,25 +279,6 @@ def test_parallel_trials_in_other_processes_report_to_their_own_trial(tmp_path: 
 
 
 @pytest.mark.slow
-def test_a_pruned_ddp_trial_ends_its_workers_but_not_the_sweep(tmp_path: Path, data_dir: Path):
-    result = optuna_sweep(
-        "trainer=ddp_sim",
-        "trainer.max_epochs=2",
-        "hydra.sweeper.n_trials=2",
-        "model.optimizer.lr=choice(0.000001,0.01)",
-        *THRESHOLD_PRUNER,
-        log_dir=tmp_path,
-        data_dir=data_dir,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    output = result.stdout + result.stderr
-    assert "Forcefully terminating all other processes" not in output  # Lightning did not kill the sweep
-    trials = load_study(tmp_path).trials
-    assert {t.state for t in trials} == {TrialState.PRUNED, TrialState.COMPLETE}
-    assert output.count("[rank: 1] Seed set to") == len(trials)  # each trial started its own worker
-
-
-@pytest.mark.slow
 def test_a_pruning_monitor_that_is_never_logged_fails_the_trial_clearly(tmp_path: Path, data_dir: Path):
     result = optuna_sweep(
         "hydra.sweeper.n_trials=1",
@@ -329,10 +319,18 @@ def test_a_new_study_does_not_overwrite_the_runs_of_an_earlier_one(tmp_path: Pat
     assert (old_run / "result.json").read_text() == "{}"
 
 
+def test_a_bad_sweeper_setting_is_refused_on_the_command_line_before_any_trial(
+    tmp_path: Path, data_dir: Path
+):
+    result = optuna_sweep("mode=up", log_dir=tmp_path, data_dir=data_dir)
+    assert result.returncode != 0
+    assert "mode=up is not valid; choose max or min" in result.stderr
+    assert not study_dir(tmp_path).exists()
+
+
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ("mode=up", "mode=up is not valid; choose max or min"),
         ("hydra.sweeper.n_trials=0", "hydra.sweeper.n_trials=0 and n_jobs=1 must both be at least 1"),
         ("hydra.sweeper.max_failure_rate=2", "hydra.sweeper.max_failure_rate=2 must be between 0 and 1"),
         ("hydra.sweeper.storage=study.db", "hydra.sweeper.storage=study.db is neither a database URL"),
@@ -343,8 +341,10 @@ def test_a_new_study_does_not_overwrite_the_runs_of_an_earlier_one(tmp_path: Pat
         ("hydra.sweeper.stale_retries=-1", "hydra.sweeper.stale_retries=-1 must be 0 or more"),
     ],
 )
-def test_bad_sweeper_settings_are_refused_before_any_trial(tmp_path: Path, data_dir: Path, override, message):
-    result = optuna_sweep(override, log_dir=tmp_path, data_dir=data_dir)
-    assert result.returncode != 0
-    assert message in result.stderr
-    assert not study_dir(tmp_path).exists()
+def test_bad_sweeper_settings_are_refused_before_any_trial(tmp_path: Path, override: str, message: str):
+    cfg = api.compose("train", ["hparams_search=digits_mlp", f"hydra.sweep.dir={tmp_path}", override])
+    with pytest.raises((InstantiationException, ValueError), match=re.escape(message)):
+        sweeper = instantiate(cfg.hydra.sweeper)
+        sweeper.config = cfg
+        sweeper.sweep([])  # its checks at the start, before the first trial
+    assert not any(tmp_path.iterdir())

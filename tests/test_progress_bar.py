@@ -17,47 +17,34 @@ from rich.live import Live
 from src.callbacks.rich_progress_bar import RichProgressBar
 
 
-@pytest.fixture
-def renders(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The thread of every redraw of a rich display (counted, then drawn as usual)."""
-    threads: list[str] = []
-    draw = Live.refresh
+def seconds_to_run(bar: RichProgressBar, tmp_path: Path, test: bool = False, **loops: int) -> float:
+    """Fit (then test) a BoringModel with the bar as the Trainer's only callback; how long it took."""
+    trainer = L.Trainer(callbacks=[bar], logger=False, enable_checkpointing=False, enable_model_summary=False,
+                        default_root_dir=tmp_path, **loops)  # fmt: skip
+    started = time.monotonic()
+    trainer.fit(BoringModel())
+    if test:
+        trainer.test(BoringModel(), verbose=False)
+    return time.monotonic() - started
+
+
+def test_the_training_thread_does_not_redraw_the_bar_each_epoch(tmp_path: Path, monkeypatch):
+    renders, draw = [], Live.refresh  # the thread of every redraw of a rich display
 
     def counted(live: Live) -> None:
-        threads.append(threading.current_thread().name)
+        renders.append(threading.current_thread().name)
         draw(live)
 
     monkeypatch.setattr(Live, "refresh", counted)
-    return threads
-
-
-def bare_trainer(bar: RichProgressBar, tmp_path: Path, **loops: int) -> L.Trainer:
-    """A Trainer with the bar as its only callback, no logger and no checkpoints."""
-    return L.Trainer(
-        callbacks=[bar],
-        logger=False,
-        enable_checkpointing=False,
-        enable_model_summary=False,
-        default_root_dir=tmp_path,
-        **loops,
-    )
-
-
-def test_the_training_thread_does_not_redraw_the_bar_each_epoch(tmp_path: Path, renders: list[str]):
     screen = io.StringIO()
     bar = RichProgressBar(
         refresh_rate=4, console_kwargs={"force_terminal": True, "file": screen, "width": 120}
     )
-    trainer = bare_trainer(bar, tmp_path, max_epochs=6, limit_train_batches=7, limit_val_batches=2)
-    started = time.monotonic()
-    trainer.fit(BoringModel())
-    seconds = time.monotonic() - started
-    on_training_thread = renders.count(threading.main_thread().name)
+    seconds = seconds_to_run(bar, tmp_path, max_epochs=6, limit_train_batches=7, limit_val_batches=2)
     # Lightning's own bar redraws twice an epoch on this thread (a new training bar, a new validation bar);
     # this one only when a display stops, which rich draws one last time.
-    assert on_training_thread <= 3, renders
-    # At most refresh_rate redraws a second, and one more at each stop.
-    assert len(renders) <= 4 * seconds + 3, (len(renders), seconds)
+    assert renders.count(threading.main_thread().name) <= 3, renders
+    assert len(renders) <= 4 * seconds + 3, (len(renders), seconds)  # refresh_rate a second, and each stop
     last_drawn = re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", screen.getvalue()).replace("\r", "\n").splitlines()
     assert re.search(r"Epoch 5/5 .* 7/7 ", [line for line in last_drawn if "Epoch" in line][-1])  # complete
 
@@ -66,13 +53,8 @@ def test_stopping_the_bar_does_not_wait_for_its_next_redraw(tmp_path: Path):
     # One redraw every 20 s: Lightning's refresh thread sleeps that long, and the end of fit and of test
     # waited for the sleep to end (at the default 4 redraws a second, up to 0.25 s twice in every run).
     bar = RichProgressBar(refresh_rate=0.05, console_kwargs={"force_terminal": True, "file": io.StringIO()})
-    trainer = bare_trainer(
-        bar, tmp_path, max_epochs=1, limit_train_batches=2, limit_val_batches=1, limit_test_batches=1
-    )
-    started = time.monotonic()
-    trainer.fit(BoringModel())
-    trainer.test(BoringModel(), verbose=False)
-    assert time.monotonic() - started < 10
+    loops = {"max_epochs": 1, "limit_train_batches": 2, "limit_val_batches": 1, "limit_test_batches": 1}
+    assert seconds_to_run(bar, tmp_path, test=True, **loops) < 10
 
 
 def test_a_run_whose_output_is_no_terminal_logs_one_line_per_epoch(digits_run: Path):
@@ -83,9 +65,7 @@ def test_a_run_whose_output_is_no_terminal_logs_one_line_per_epoch(digits_run: P
         r"Epoch (\d+)/1: (\d+) steps in [0-9.]+ s, val/acc=([0-9.]+)$", log, flags=re.MULTILINE
     )
     with open(digits_run / "csv" / "version_0" / "metrics.csv") as file:
-        validations = [row for row in csv.DictReader(file) if row["val/acc"]]
+        validations = [float(row["val/acc"]) for row in csv.DictReader(file) if row["val/acc"]]
     steps = torch.load(digits_run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"]
     assert [(int(epoch), int(count)) for epoch, count, _ in lines] == [(0, steps // 2), (1, steps // 2)]
-    assert [float(value) for *_, value in lines] == [
-        pytest.approx(float(row["val/acc"]), abs=5e-5) for row in validations
-    ]
+    assert [float(value) for *_, value in lines] == pytest.approx(validations, abs=5e-5)

@@ -1,13 +1,11 @@
 """Text from a user's side, offline, each task run as the command line runs it (src.api; the command line
-itself for DDP, a sweep and a kill): a CSV of texts trains a tiny BERT that the test saves with
-save_pretrained (model.net.weights_dir), by overrides alone; eval, predict and export take the run; LoRA
-checkpoints are small, refuse another base and export merged; DDP on 2 gloo ranks; a killed run resumes to
-the same weights; runs without text never import transformers."""
+itself for DDP and a sweep): a CSV of texts trains a tiny BERT saved with save_pretrained
+(model.net.weights_dir), by overrides alone; eval, predict and export take the run; LoRA checkpoints are
+small, refuse another base and export merged; a run stopped mid-epoch resumes to the same weights."""
 
 import csv
 import json  # [part: predict]
 import re
-import signal
 from pathlib import Path
 
 import pytest
@@ -17,11 +15,13 @@ from hydra.errors import InstantiationException
 from src import api
 from src.data.components.example_texts import make_example_texts
 from src.run.trained_run import TrainedRun, load_model  # [part: predict]
-from tests.conftest import built_once, only_run_dir, paths, run_cli, start_cli
-from tests.test_resume import record, run_dir_of, wait_for, weights
+from tests.conftest import built_once, only_run_dir, paths, run_cli
+from tests.helpers import StopAt
+from tests.test_resume import STOPPABLE, assert_same_outcome, outcome, record
 
 LIMITS = [f"+trainer.limit_{stage}_batches=4" for stage in ("train", "val", "test")]  # a few batches suffice
 TEXT_MODULE = "src.models.text_classifier_module.TextClassifierModule"
+CLASSES = ["mixed", "negative", "positive"]  # the CSV's labels, sorted
 SMALL_BERT = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 128}
 
 
@@ -54,18 +54,14 @@ def text_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def text_overrides(files: Path, *more: str) -> list[str]:
     """A user's own CSV and a save_pretrained folder, by overrides alone (docs/text.md's command)."""
-    return [
-        "model=text_classifier",
-        "model/net=hf",  # its default: a Hugging Face model
+    texts = files / "texts"
+    model = ["model=text_classifier", "model/net=hf", f"model.net.weights_dir={files / 'bert'}"]
+    data = [
         "data=text_file",
-        f"data.train_file={files / 'texts' / 'train.csv'}",
-        f"data.test_file={files / 'texts' / 'test.csv'}",
-        "data.split=[0.8,0.2,0]",
-        "data.num_classes=3",
-        "data.max_length=32",
-        f"model.net.weights_dir={files / 'bert'}",
-        *more,
+        f"data.train_file={texts / 'train.csv'}",
+        f"data.test_file={texts / 'test.csv'}",
     ]
+    return [*model, *data, "data.split=[0.8,0.2,0]", "data.num_classes=3", "data.max_length=32", *more]
 
 
 @pytest.fixture(scope="session")
@@ -86,7 +82,7 @@ def test_a_csv_trains_and_evaluates_with_a_saved_model(text_run: Path, here: lis
     log = (text_run / "train.log").read_text()
     assert "Dynamic padding:" in log and "fewer" in log  # the padding saved, once
     checkpoint = torch.load(text_run / "checkpoints" / "best.ckpt", map_location="cpu", weights_only=True)
-    assert checkpoint["hyper_parameters"]["class_names"] == ["mixed", "negative", "positive"]  # sorted labels
+    assert checkpoint["hyper_parameters"]["class_names"] == CLASSES
 
     evaluated = api.evaluate([*here, f"run_dir={text_run}"])
     assert evaluated.metrics["test/acc"] == pytest.approx(trained["final_metrics"]["test/acc"])
@@ -108,7 +104,7 @@ def test_predictions_on_a_text_file_and_a_table_need_only_the_run(
         ).run_dir
         rows = json.loads((run_dirs[inputs.suffix] / "predictions.json").read_text())
         assert len(rows) == count and rows[0]["index"] == 0
-        assert rows[0]["predicted_name"] in ("mixed", "negative", "positive")
+        assert rows[0]["predicted_name"] in CLASSES
         assert sum(t["probability"] for t in rows[0]["top_k"]) == pytest.approx(1.0, abs=1e-5)
     assert rows[0]["text"] == "the view was lovely and the wine was superb"
     header = (run_dirs[".txt"] / "predictions.csv").read_text().splitlines()[0]
@@ -125,19 +121,15 @@ def test_the_onnx_export_takes_any_batch_and_length_and_brings_its_tokenizer(
     artifact = tmp_path / "export" / "texts.onnx"
     api.export([*here_for_inference, f"run_dir={text_run}", f"output={artifact}"])
     sidecar = json.loads(artifact.with_name("texts.onnx.json").read_text())
-    assert (
-        sidecar["input"]["names"] == ["input_ids", "attention_mask"] and sidecar["parity"]["max_diff"] <= 1e-5
-    )
-    assert sidecar["class_names"] == ["mixed", "negative", "positive"]
+    assert sidecar["input"]["names"] == ["input_ids", "attention_mask"]
+    assert sidecar["parity"]["max_diff"] <= 1e-5 and sidecar["class_names"] == CLASSES
 
     # The artifact alone, as a user deploys it: its tokenizer beside it, no checkpoint, no transformers model.
     tokenizer = AutoTokenizer.from_pretrained(str(artifact.parent / sidecar["input"]["tokenizer"]))
     session = onnxruntime.InferenceSession(str(artifact), providers=["CPUExecutionProvider"])
     model = load_model(TrainedRun(text_run / "checkpoints" / "best.ckpt", None), TEXT_MODULE)
-    for texts in (
-        ["the food was good"],
-        ["the music was not noisy but the bread was cold", "the menu is fine"],
-    ):
+    batches = [["the food was good"], ["the music was not noisy but the bread was cold", "the menu is fine"]]
+    for texts in batches:  # any batch size, any length
         batch = tokenizer(texts, padding=True, return_tensors="np", return_token_type_ids=False)
         logits = session.run(None, dict(batch))[0]
         with torch.no_grad():
@@ -162,10 +154,7 @@ def test_a_lora_checkpoint_is_small_refuses_another_base_and_exports_merged(
 
     # Loading it rebuilds the base from its folder and checks the base's weights by their hash.
     other = f"+model.net.weights_dir={text_files / 'other_bert'}"  # + : eval's own config has no model
-    with pytest.raises(
-        ValueError,
-        match=re.escape(f"model.net.weights_dir={text_files / 'other_bert'} has base weights with sha256"),
-    ) as refused:
+    with pytest.raises(ValueError, match=re.escape(f"{other[1:]} has base weights with sha256")) as refused:
         api.evaluate([*here, f"run_dir={run_dir}", other])
     assert str(refused.value).endswith("give the base the run was trained with")
 
@@ -179,26 +168,18 @@ def test_a_lora_checkpoint_is_small_refuses_another_base_and_exports_merged(
 
 @pytest.mark.slow
 def test_a_text_run_on_two_gloo_ranks_is_one_run(text_files: Path, tmp_path: Path, data_dir: Path):
-    overrides = text_overrides(
-        text_files, "trainer=ddp_sim", "trainer.max_epochs=1", "data.group_by_length=true", *LIMITS
-    )
-    result = run_cli("train", *overrides, log_dir=tmp_path, data_dir=data_dir)
+    ddp = ["trainer=ddp_sim", "trainer.max_epochs=1", "data.group_by_length=true", *LIMITS]
+    result = run_cli("train", *text_overrides(text_files, *ddp), log_dir=tmp_path, data_dir=data_dir)
     assert result.returncode == 0, result.stderr[-3000:]
-    run = only_run_dir(tmp_path)
-    assert record(run)["status"] == "completed" and record(run)["world_size"] == 2
-    assert "test/acc" in record(run)["final_metrics"]
+    trained = record(only_run_dir(tmp_path))
+    assert trained["status"] == "completed" and trained["world_size"] == 2
+    assert "test/acc" in trained["final_metrics"]
 
 
 @pytest.mark.slow
 def test_a_sweep_over_folds_in_bf16_runs_each_fold(text_files: Path, tmp_path: Path, data_dir: Path):
-    overrides = text_overrides(
-        text_files,
-        "data.num_folds=2",
-        "data.fold=0,1",
-        "trainer.precision=bf16-mixed",
-        "trainer.max_epochs=1",
-        *LIMITS,
-    )
+    folds = ["data.num_folds=2", "data.fold=0,1", "trainer.precision=bf16-mixed", "trainer.max_epochs=1"]
+    overrides = text_overrides(text_files, *folds, *LIMITS)
     result = run_cli("train", "-m", *overrides, log_dir=tmp_path, data_dir=data_dir)
     assert result.returncode == 0, result.stderr[-3000:]
     (sweep,) = (tmp_path / "train" / "multiruns").iterdir()
@@ -209,64 +190,34 @@ def test_a_sweep_over_folds_in_bf16_runs_each_fold(text_files: Path, tmp_path: P
 
 
 @pytest.mark.slow
-def test_a_text_run_killed_mid_epoch_resumes_to_the_same_weights(
-    text_files: Path, here: list[str], tmp_path: Path, data_dir: Path
-):
-    common = text_overrides(
-        text_files,
-        "data.group_by_length=true",
-        "data.batch_size=16",
-        "trainer.max_epochs=2",
-        "callbacks.last_checkpoint.every_n_train_steps=5",
-    )
-    straight = api.train([*here, *common, "run_name=straight"]).run_dir
-    run = start_cli(
-        "train", *common, "run_name=killed", log_dir=tmp_path, data_dir=data_dir, output=tmp_path / "run.out"
-    )
-    last = run_dir_of(tmp_path, "killed") / "checkpoints" / "last.ckpt"
-
-    def mid_epoch_two() -> bool:  # 30 batches an epoch: step 40 is in the middle of the second
-        return last.exists() and torch.load(last, map_location="cpu", weights_only=True)["global_step"] >= 40
-
-    wait_for(mid_epoch_two, run)
-    run.send_signal(signal.SIGKILL)
-    run.wait()
-    resumed = api.train([*here, *common, "run_name=killed"]).run_dir  # the same command again
-    a = weights(resumed / "checkpoints" / "last.ckpt")
-    b = weights(straight / "checkpoints" / "last.ckpt")
-    assert a.keys() == b.keys()
-    assert all(torch.equal(a[k], b[k]) if isinstance(b[k], torch.Tensor) else a[k] == b[k] for k in b)
-    assert record(resumed)["resumed"]
+def test_a_text_run_stopped_mid_epoch_resumes_to_the_same_weights(text_files: Path, here: list[str]):
+    # Length-grouped batches, 30 an epoch: the loader's place in the second epoch is what the resume restores.
+    common = [*here, *text_overrides(text_files, "data.group_by_length=true", "data.batch_size=16")]
+    common += ["trainer.max_epochs=2", STOPPABLE]
+    straight = api.train([*common, "run_name=straight"]).run_dir
+    StopAt.moment = (40, None)  # SIGTERM after step 40, as a cluster's preemption
+    with pytest.raises(SystemExit):
+        api.train([*common, "run_name=stopped"])
+    resumed = api.train([*common, "run_name=stopped"]).run_dir  # the same command again
+    assert_same_outcome(resumed, outcome(straight), "stopped at step 40")
+    assert record(resumed)["resumed"]["previous"]["status"] == "interrupted"
 
 
 @pytest.mark.slow
-def test_bad_text_input_fails_in_one_line_naming_the_key_before_training(
+def test_a_bad_model_folder_or_lora_target_fails_naming_the_key_before_training(
     text_files: Path, here: list[str], tmp_path: Path
 ):
+    # (A bad column: tests/test_text_file.py.) The net's own checks fail inside Hydra's instantiate of the model,
+    # which wraps them (as the command line prints them too).
     no_model = tmp_path / "not_a_model"
     no_model.mkdir()
-    # The net's own checks fail inside Hydra's instantiate of the model, which wraps them (as the command
-    # line prints them too).
-    cases = [
-        (
-            ["data.text_column=review"],
-            ValueError,
-            "data.text_column=review is not a column of data.train_file=",
-        ),
+    for overrides, message in [
         (
             [f"model.net.weights_dir={no_model}", f"model.net.tokenizer={text_files / 'bert'}"],
-            InstantiationException,
             f"model.net.weights_dir={no_model} holds no config.json",
         ),
-        (
-            ["model.net.lora.r=4", "model.net.lora.target_modules=[q_proj]"],
-            InstantiationException,
-            "q_proj not in the bert model",
-        ),
-    ]
-    for overrides, error, message in cases:
-        with pytest.raises(error, match=re.escape(message)):
+        (["model.net.lora.r=4", "model.net.lora.target_modules=[q_proj]"], "q_proj not in the bert model"),
+    ]:
+        with pytest.raises(InstantiationException, match=re.escape(message)):
             api.train([*here, *text_overrides(text_files, *overrides)])
-        assert not (tmp_path / "train" / "runs").exists() or not list(
-            (tmp_path / "train" / "runs").glob("*/checkpoints/*")
-        )
+    assert not list(tmp_path.glob("train/runs/*/checkpoints/*"))

@@ -3,6 +3,7 @@
 import json
 import logging
 import pickle
+import runpy
 from pathlib import Path
 
 import pyarrow as pa
@@ -16,26 +17,10 @@ from src.common.text import load_tokenizer, tokenizer_fingerprint
 from src.data.components.example_texts import make_example_texts, make_tokenizer
 from src.data.components.text_batches import LengthGroupedBatchSampler, epoch_batches, padding_saved
 from src.data.text_datamodule import lengths_of
-from tests.conftest import ROOT, run_python
+from tests.conftest import ROOT
 
-WORDS = [
-    "the",
-    "food",
-    "was",
-    "good",
-    "but",
-    "the",
-    "service",
-    "was",
-    "awful",
-    "and",
-    "the",
-    "music",
-    "seemed",
-    "rather",
-    "loud",
-    "tonight",
-]
+WORDS = ["the", "food", "was", "good", "but", "the", "service", "was", "awful", "and", "the", "music",
+         "seemed", "rather", "loud", "tonight"]  # fmt: skip
 
 
 def texts_and_labels(count: int, classes: list[str]) -> list[tuple[str, str]]:
@@ -49,9 +34,7 @@ def write_table(
     """`rows` as a CSV, TSV, JSON lines or Parquet file, by the suffix of `path`."""
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.suffix == ".parquet":
-        pq.write_table(
-            pa.table({columns[0]: [t for t, _ in rows], columns[1]: [label for _, label in rows]}), path
-        )
+        pq.write_table(pa.table({name: [row[i] for row in rows] for i, name in enumerate(columns)}), path)
     elif path.suffix in (".jsonl", ".json"):
         path.write_text("".join(json.dumps(dict(zip(columns, row, strict=True))) + "\n" for row in rows))
     else:
@@ -84,15 +67,8 @@ def text_file(compose_cfg, tmp_path: Path, tokenizer_dir: Path):
     tokenizer given to the data directly: the net's config is not composed here)."""
 
     def _build(*overrides: str, setup: bool = True):
-        cfg = compose_cfg(
-            "train",
-            [
-                "data=text_file",
-                f"data.tokenizer={tokenizer_dir}",
-                f"data.cache_dir={tmp_path}/cache",
-                *overrides,
-            ],
-        )
+        data = ["data=text_file", f"data.tokenizer={tokenizer_dir}", f"data.cache_dir={tmp_path}/cache"]
+        cfg = compose_cfg("train", [*data, *overrides])
         datamodule = instantiate(cfg.data, _convert_="all")
         if setup:
             datamodule.setup("fit")
@@ -105,6 +81,18 @@ def labels_of(dataset) -> list[int]:
     return [label for _, label in dataset]
 
 
+def splits(datamodule) -> list:
+    return [datamodule.data_train, datamodule.data_val, datamodule.data_test]
+
+
+def sizes(datamodule) -> tuple[int, ...]:
+    return tuple(map(len, splits(datamodule)))
+
+
+def samples(dataset) -> list[tuple[list[int], int]]:
+    return [(ids.tolist(), label) for ids, label in dataset]
+
+
 # --- reading: formats, splits, classes ---
 
 
@@ -113,11 +101,7 @@ def test_every_format_reads_the_same_samples(text_file, tmp_path: Path, suffix: 
     rows = texts_and_labels(30, ["neg", "pos"])
     reference = text_file(f"data.train_file={write_table(tmp_path / 'ref.csv', rows)}")
     datamodule = text_file(f"data.train_file={write_table(tmp_path / f'texts{suffix}', rows)}")
-    for split in ("train", "val", "test"):
-        ours, theirs = getattr(datamodule, f"data_{split}"), getattr(reference, f"data_{split}")
-        assert [(ids.tolist(), label) for ids, label in ours] == [
-            (ids.tolist(), label) for ids, label in theirs
-        ]
+    assert list(map(samples, splits(datamodule))) == list(map(samples, splits(reference)))
     assert datamodule.hparams.class_names == ["neg", "pos"]
 
 
@@ -130,11 +114,7 @@ def test_one_file_is_split_stratified_and_the_same_on_every_run(text_file, tmp_p
         labels = labels_of(getattr(first, f"data_{split}"))
         assert len(labels) == size and all(labels.count(c) == size // 3 for c in range(3)), split
         assert labels_of(getattr(again, f"data_{split}")) == labels
-    texts = {
-        tuple(ids.tolist())
-        for split in ("train", "val", "test")
-        for ids, _ in getattr(first, f"data_{split}")
-    }
+    texts = {tuple(ids) for split in splits(first) for ids, _ in samples(split)}
     assert len(texts) == 60  # every text in exactly one split
 
 
@@ -146,8 +126,7 @@ def test_integer_labels_are_indices_and_class_names_set_the_order(text_file, tmp
     named = write_table(tmp_path / "n.csv", texts_and_labels(20, ["pos", "neg"]))
     datamodule = text_file(f"data.train_file={named}", "data.class_names=[pos,neg]")
     assert datamodule.hparams.class_names == ["pos", "neg"]
-    everything = [*datamodule.data_train, *datamodule.data_val, *datamodule.data_test]
-    assert sum(label == 0 for _, label in everything) == 10  # "pos" is class 0, as listed
+    assert sum(labels_of(split).count(0) for split in splits(datamodule)) == 10  # "pos" is class 0, as listed
 
 
 def test_separate_val_and_test_files_are_used_whole(text_file, tmp_path: Path):
@@ -157,7 +136,7 @@ def test_separate_val_and_test_files_are_used_whole(text_file, tmp_path: Path):
     datamodule = text_file(
         f"data.train_file={train}", f"data.val_file={val}", f"data.test_file={test}", "data.split=[1.0,0,0]"
     )
-    assert (len(datamodule.data_train), len(datamodule.data_val), len(datamodule.data_test)) == (20, 6, 4)
+    assert sizes(datamodule) == (20, 6, 4)
     assert labels_of(datamodule.data_val) == [1, 0] * 3
 
 
@@ -194,14 +173,12 @@ def test_empty_texts_are_counted_and_refused_or_dropped_with_a_warning(text_file
     rows[3], rows[7] = ("", "a"), ("   ", "b")
     train_file = write_table(tmp_path / "t.csv", rows)
     message = refused(text_file, f"data.train_file={train_file}")
-    assert (
-        f"data.train_file={train_file} has 2 empty text(s) in column text (the first in data row 4)"
-        in message
-    )
+    counted = f"data.train_file={train_file} has 2 empty text(s) in column text (the first in data row 4)"
+    assert counted in message
     assert "data.drop_empty=true" in message
     with caplog.at_level(logging.WARNING):
         datamodule = text_file(f"data.train_file={train_file}", "data.drop_empty=true")
-    assert sum(map(len, (datamodule.data_train, datamodule.data_val, datamodule.data_test))) == 18
+    assert sum(sizes(datamodule)) == 18
     assert "has 2 empty text(s) in column text: left out (data.drop_empty=true)" in caplog.text
 
 
@@ -243,7 +220,7 @@ def test_files_that_do_not_exist_or_have_no_known_format_are_named_by_their_key(
     assert "unknown format '.xlsx'" in refused(text_file, f"data.train_file={tmp_path}/t.xlsx")
     message = refused(
         text_file, f"data.train_file={train}", f"data.test_file={train}"
-    )  # split still draws a test share
+    )  # and the default split
     assert (
         "data.split=[0.8, 0.1, 0.1] draws a test share from data.train_file, but data.test_file is set"
         in message
@@ -281,12 +258,12 @@ def test_long_texts_are_cut_to_max_length_keeping_sep_and_counted_once(text_file
     with caplog.at_level(logging.WARNING):
         datamodule = text_file(f"data.train_file={train_file}", "data.max_length=8")
     tokenizer = datamodule.tokenizer
-    samples = [*datamodule.data_train, *datamodule.data_val, *datamodule.data_test]
+    cut = [sample for split in splits(datamodule) for sample in split]
     long = sum(len(tokenizer(" ".join(WORDS[: 3 + i % 12]) + f" {i}")["input_ids"]) > 8 for i in range(24))
     assert f"{long} of 24 texts are longer than data.max_length=8 tokens and were cut" in caplog.text
     assert "raise data.max_length" in caplog.text
-    assert max(len(ids) for ids, _ in samples) == 8
-    assert all(ids[0] == tokenizer.cls_token_id and ids[-1] == tokenizer.sep_token_id for ids, _ in samples)
+    assert max(len(ids) for ids, _ in cut) == 8
+    assert all(ids[0] == tokenizer.cls_token_id and ids[-1] == tokenizer.sep_token_id for ids, _ in cut)
 
 
 # --- batches: dynamic padding, length grouping, folds ---
@@ -317,13 +294,8 @@ def test_length_grouped_batches_pad_less_and_resume_mid_epoch_with_the_same_batc
     text_file, tmp_path: Path
 ):
     train_file = write_table(tmp_path / "t.csv", texts_and_labels(200, ["a", "b"]))
-    overrides = [
-        f"data.train_file={train_file}",
-        "data.batch_size=4",
-        "data.split=[1.0,0,0]",
-        f"data.val_file={train_file}",
-        f"data.test_file={train_file}",
-    ]
+    files = [f"data.train_file={train_file}", f"data.val_file={train_file}", f"data.test_file={train_file}"]
+    overrides = [*files, "data.batch_size=4", "data.split=[1.0,0,0]"]
     random_order = text_file(*overrides)
     grouped = text_file(*overrides, "data.group_by_length=true")
     loaders = {name: dm.train_dataloader() for name, dm in (("random", random_order), ("grouped", grouped))}
@@ -335,9 +307,8 @@ def test_length_grouped_batches_pad_less_and_resume_mid_epoch_with_the_same_batc
     }
     assert saved["grouped"] < 0.9 * saved["random"]
     batches = [inputs["input_ids"].tolist() for inputs, _ in loader]
-    assert len(batches) == len(loader) == 50 and sorted(
-        x for b in epoch_batches(loader.batch_sampler) for x in b
-    ) == list(range(200))
+    assert len(batches) == len(loader) == 50
+    assert sorted(x for batch in epoch_batches(loader.batch_sampler) for x in batch) == list(range(200))
 
     seen = iter(loader)
     for _ in range(7):
@@ -355,16 +326,8 @@ def test_folds_pool_separate_train_and_val_files_and_are_stratified(text_file, t
     val = write_table(
         tmp_path / "val.csv", [(f"also {t}", label) for t, label in texts_and_labels(6, ["a", "b"])]
     )
-    folds = [
-        text_file(
-            f"data.train_file={train}",
-            f"data.val_file={val}",
-            "data.split=[18,0,6]",
-            "data.num_folds=3",
-            f"data.fold={fold}",
-        )
-        for fold in range(3)
-    ]
+    pooled = [f"data.train_file={train}", f"data.val_file={val}", "data.split=[18,0,6]", "data.num_folds=3"]
+    folds = [text_file(*pooled, f"data.fold={fold}") for fold in range(3)]
     validated = [sorted(tuple(ids.tolist()) for ids, _ in dm.data_val) for dm in folds]
     assert [len(v) for v in validated] == [8, 8, 8]  # 18 of train.csv and the 6 of val.csv, in 3 folds
     assert len({text for fold in validated for text in fold}) == 24  # each text validates once
@@ -374,9 +337,8 @@ def test_folds_pool_separate_train_and_val_files_and_are_stratified(text_file, t
             len(ids) for ids, _ in dm.data_train
         ]
         dm.hparams.group_by_length = True
-        assert sorted(x for b in epoch_batches(dm.train_dataloader().batch_sampler) for x in b) == list(
-            range(16)
-        )
+        batches = epoch_batches(dm.train_dataloader().batch_sampler)
+        assert sorted(x for batch in batches for x in batch) == list(range(16))
 
 
 # --- the example and its baseline ---
@@ -397,21 +359,11 @@ def test_the_example_is_generated_deterministically_with_its_tokenizer(tmp_path:
 
 
 def test_data_example_texts_builds_itself_and_describes_it(compose_cfg, tmp_path: Path, data_dir: Path):
-    cfg = compose_cfg(
-        "train",
-        [
-            "data=example_texts",
-            f"data.tokenizer={data_dir}/example_texts/tokenizer",
-            f"data.cache_dir={tmp_path}",
-        ],
-    )
+    tokenizer = f"data.tokenizer={data_dir}/example_texts/tokenizer"
+    cfg = compose_cfg("train", ["data=example_texts", tokenizer, f"data.cache_dir={tmp_path}"])
     datamodule = instantiate(cfg.data, _convert_="all")  # writes the folder when missing
     datamodule.setup("fit")
-    assert (len(datamodule.data_train), len(datamodule.data_val), len(datamodule.data_test)) == (
-        5400,
-        600,
-        1000,
-    )
+    assert sizes(datamodule) == (5400, 600, 1000)
     assert datamodule.hparams.class_names == ["negative", "mixed", "positive"]
     # part: predict
     assert datamodule.inference_preprocessing() == {
@@ -420,10 +372,9 @@ def test_data_example_texts_builds_itself_and_describes_it(compose_cfg, tmp_path
     # /part
 
 
-def test_the_bag_of_words_baseline_stays_well_below_perfect(data_dir: Path, tmp_path: Path):
+def test_the_bag_of_words_baseline_stays_well_below_perfect(data_dir: Path, capsys: pytest.CaptureFixture):
     folder = make_example_texts(data_dir / "example_texts", exist_ok=True)
-    files = ["--train", str(folder / "train.csv"), "--test", str(folder / "test.csv")]
-    result = run_python(ROOT / "scripts" / "text_baseline.py", *files, cwd=tmp_path, timeout=120)
-    assert result.returncode == 0, result.stderr[-2000:]
-    accuracy = float(result.stdout.split("test accuracy ")[1].split()[0])
+    baseline = runpy.run_path(str(ROOT / "scripts" / "text_baseline.py"))  # the script's functions
+    baseline["main"](["--train", str(folder / "train.csv"), "--test", str(folder / "test.csv")])
+    accuracy = float(capsys.readouterr().out.split("test accuracy ")[1].split()[0])
     assert 0.7 < accuracy < 0.85  # word order decides the rest (src/data/components/example_texts.py)

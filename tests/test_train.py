@@ -1,7 +1,6 @@
 """End to end as the README tells users to run it: through src.api, which runs a task as `python src/<task>.py`
 does, and through the real command line where the command line itself is what is tested."""
 
-import json
 import re
 import subprocess
 import sys
@@ -13,68 +12,61 @@ import torch
 from hydra.errors import MissingConfigException
 
 from src import api
-from tests.conftest import (
-    ONE_BATCH,
-    ROOT,
-    cli_command,
-    last_metrics,
-    only_run_dir,
-    run_cli,
-    run_python,
-)
+from tests.conftest import ONE_BATCH, ROOT, cli_env, last_metrics, only_run_dir, run_cli, run_python
 
 DIGITS_MLP = ["data=digits", "model/net=mlp"]
+# Packages only some runs need (each costs a second or more at import): --help, config printing and the default
+# run import none of them.
+OPTIONAL_IMPORTS = {"wandb", "onnx"}
+OPTIONAL_IMPORTS.add("timm")  # [part: pretrained]
+# part: text
+# Not transformers: `import lightning` imports it when installed (torchmetrics' BERTScore, torchmetrics#2242).
+OPTIONAL_IMPORTS |= {"peft", "pyarrow", "transformers.models.bert"}
+# /part
+LIST_IMPORTS = {"PYTHONPROFILEIMPORTTIME": "1"}  # python names each module it imports on stderr
 
 
-def test_fast_dev_run_trains_validates_and_tests(tmp_path: Path, data_dir: Path):
-    result = run_cli("train", "debug=fdr", log_dir=tmp_path, data_dir=data_dir)
+def split_import_report(stderr: str) -> tuple[set[str], str]:
+    """The modules that python's import report (LIST_IMPORTS) names on stderr, and the rest of stderr."""
+    modules = set(re.findall(r"^import time:.*\| +(\S+)$", stderr, re.MULTILINE))
+    assert modules, "no import report"  # else no check of the imports could fail
+    return modules, re.sub(r"^import time:.*\n", "", stderr, flags=re.MULTILINE)
+
+
+def test_a_fast_dev_run_from_another_directory_trains_validates_and_tests(tmp_path: Path, data_dir: Path):
+    fdr = ["debug=fdr", "seed=0"]
+    result = run_cli("train", *fdr, log_dir=tmp_path, data_dir=data_dir, cwd=tmp_path, env=LIST_IMPORTS)
     assert result.returncode == 0, result.stderr[-3000:]
-    run_dir = only_run_dir(tmp_path, "debug")
-    assert (run_dir / ".hydra" / "config.yaml").exists()
     # fast_dev_run turns the loggers off; the run's log file still has the final metrics.
-    final = re.search(r"Final metrics: (.*)", (run_dir / "debug.log").read_text()).group(1)
+    final = re.search(r"Final metrics: (.*)", (only_run_dir(tmp_path, "debug") / "debug.log").read_text())[1]
     assert {"test/acc", "val/acc", "train/loss"} <= {item.split("=")[0] for item in final.split(", ")}
-    # A new run starts from scratch, without Lightning's warnings about a "last" checkpoint it looked for
-    # (warnings reach the console, not the log file: this test runs the command line).
-    assert "ckpt_path" not in result.stderr, result.stderr[-3000:]
-
-
-@pytest.mark.slow
-def test_lightnings_messages_reach_the_log_file_when_lightning_was_imported_first(
-    tmp_path: Path, data_dir: Path
-):
-    # A wrapper script (or an entry point edited to import lightning at its top) loads Lightning before Hydra
-    # sets up logging; Lightning then gives its loggers a console handler of their own.
-    command = cli_command("train", "debug=fdr", log_dir=tmp_path, data_dir=data_dir)
-    wrapper = tmp_path / "wrapper.py"
-    wrapper.write_text(
-        f"import lightning, runpy, sys\nsys.argv = {command[1:]!r}\n"
-        "runpy.run_path(sys.argv[0], run_name='__main__')\n"
-    )
-    result = run_python(wrapper)
-    assert result.returncode == 0, result.stderr[-3000:]
-    log_file = (only_run_dir(tmp_path, "debug") / "debug.log").read_text()
-    assert "`Trainer.fit` stopped" in log_file and "`Trainer.fit` stopped" not in result.stderr
-
-
-def test_runs_from_any_working_directory_with_seed_zero(tmp_path: Path, data_dir: Path):
-    result = run_cli(
-        "train", "debug=fdr", *DIGITS_MLP, "seed=0", log_dir=tmp_path, data_dir=data_dir, cwd=tmp_path
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "Seed set to 0" in result.stdout + result.stderr
+    modules, stderr = split_import_report(result.stderr)
+    assert not modules & OPTIONAL_IMPORTS
+    console = result.stdout + stderr
+    assert "Seed set to 0" in console  # seed=0 is a seed, not "no seed"
     assert not (tmp_path / "outputs").exists()  # Hydra's own default dir is not used
+    # No warning a user cannot act on: Lightning's about a "last" checkpoint a new run has not got, its tip to
+    # install litlogger, torch's LeafSpec deprecation (src/run/extras.py).
+    assert not re.search("ckpt_path|litlogger|LeafSpec", console), console[-3000:]
 
 
-def test_a_run_prints_no_warning_a_user_cannot_act_on(tmp_path: Path, data_dir: Path):
-    """Lightning's tip to install litlogger and torch's LeafSpec deprecation, which Lightning itself triggers,
-    are left out (src/run/extras.py)."""
-    result = run_cli(
-        "train", *DIGITS_MLP, "trainer.max_epochs=1", *ONE_BATCH[1:], log_dir=tmp_path, data_dir=data_dir
-    )
+@pytest.mark.parametrize(
+    ("task", "question", "answer"), [("train", "--help", "== Config =="), ("eval", "--cfg=job", "ckpt_path:")]
+)
+def test_the_installed_commands_answer_from_any_directory_without_optional_imports(
+    tmp_path: Path, task: str, question: str, answer: str
+):
+    """`make install` installs <project name>-<task> commands (pyproject.toml's [project.scripts])."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    script = Path(sys.executable).parent / f"{project['name']}-{task}"
+    assert project["scripts"][script.name] == f"src.{task}:main"
+    command = [script, question, "logger=wandb", f"paths.log_dir={tmp_path}"]
+    env = cli_env(**LIST_IMPORTS)
+    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
-    output = result.stdout + result.stderr
-    assert "litlogger" not in output and "LeafSpec" not in output, output[-3000:]
+    assert answer in result.stdout and f"task_name: {task}" in result.stdout
+    assert not split_import_report(result.stderr)[0] & OPTIONAL_IMPORTS
+    assert not list(tmp_path.iterdir())  # answered without running anything
 
 
 def test_early_stopping_says_in_one_line_when_and_why_it_ended_training(here: list[str]):
@@ -82,29 +74,8 @@ def test_early_stopping_says_in_one_line_when_and_why_it_ended_training(here: li
     stopping = ["callbacks.early_stopping.patience=1", "callbacks.early_stopping.min_delta=1.0"]
     run = api.train([*here, *DIGITS_MLP, "trainer.max_epochs=5", *ONE_BATCH[1:], *stopping])
     log = (run.run_dir / "train.log").read_text()
-    said = re.findall(r"Early stopping ended training after epoch (\d+): (.*)", log)
-    assert len(said) == 1, log[-3000:]
-    assert said[0][0] == "1" and said[0][1].startswith(
-        "Monitored metric val/acc did not improve in the last 1"
-    )
-
-
-@pytest.mark.slow
-def test_train_then_eval_gives_the_same_test_accuracy(digits_run: Path, here: list[str]):
-    # digits_run: `python src/train.py data=digits model/net=mlp trainer.max_epochs=2`, shared by the session
-    best = digits_run / "checkpoints" / "best.ckpt"
-    assert best.exists() and (digits_run / "checkpoints" / "last.ckpt").exists()
-    trained = last_metrics(digits_run)
-    assert trained["test/acc"] > 0.8  # 2 epochs of the MLP on digits
-    checkpoint = torch.load(best, weights_only=True)  # plain data only: safe to load
-    assert checkpoint["hyper_parameters"]["net"]["_target_"] == "src.models.components.mlp.MLP"
-
-    eval_dir = api.evaluate([*here, *DIGITS_MLP, f"ckpt_path={best}"]).run_dir
-    assert last_metrics(eval_dir)["test/acc"] == pytest.approx(trained["test/acc"])
-    # part: diagnostics
-    assert (eval_dir / "pictures" / "test_confusion_matrix.png").exists()  # eval draws the test pictures
-    # /part
-    assert json.loads((eval_dir / "run.json").read_text())["status"] == "completed"
+    (said,) = re.findall(r"Early stopping ended training after epoch (.*)", log)
+    assert said.startswith("1: Monitored metric val/acc did not improve in the last 1")
 
 
 @pytest.mark.slow
@@ -125,46 +96,20 @@ def test_eval_without_checkpoint_says_how_to_give_one(here: list[str]):
 
 
 @pytest.mark.parametrize(
-    ("kind", "error", "expected"),
+    ("make", "error", "says"),
     [
-        ("missing", FileNotFoundError, "does not exist"),
-        ("not_a_checkpoint", ValueError, "is not a checkpoint"),
+        (lambda path: None, FileNotFoundError, "does not exist"),
+        (lambda path: path.write_text("not a checkpoint"), ValueError, "is not a checkpoint"),
+        (lambda path: path.mkdir(), IsADirectoryError, "is a directory but not a sharded FSDP checkpoint"),
     ],
+    ids=["missing", "not_a_checkpoint", "a_directory"],
 )
 def test_eval_with_a_bad_checkpoint_path_fails_clearly(
-    here: list[str], tmp_path: Path, kind: str, error: type[Exception], expected: str
+    here: list[str], tmp_path: Path, make, error, says: str
 ):
-    path = tmp_path / "model.ckpt"
-    if kind == "not_a_checkpoint":
-        path.write_text("not a checkpoint")
-    with pytest.raises(error, match=re.escape(f"ckpt_path={path} {expected}")):
+    make(path := tmp_path / "model.ckpt")
+    with pytest.raises(error, match=re.escape(f"ckpt_path={path} {says}")):
         api.evaluate([*here, f"ckpt_path={path}"])
-
-
-def test_help_answers_without_training(tmp_path: Path, data_dir: Path):
-    result = run_cli("train", "--help", log_dir=tmp_path, data_dir=data_dir)
-    assert result.returncode == 0 and "== Config ==" in result.stdout
-    assert not (tmp_path / "train").exists()
-
-
-@pytest.mark.parametrize("task", ["train", "eval"])
-def test_console_scripts_find_the_configs_from_any_directory(tmp_path: Path, task: str):
-    """`make install` installs <project name>-<task> commands (pyproject.toml's [project.scripts])."""
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    script = Path(sys.executable).parent / f"{project['name']}-{task}"
-    assert project["scripts"][script.name] == f"src.{task}:main"
-    result = subprocess.run(
-        [script, "--cfg", "job"], cwd=tmp_path, capture_output=True, text=True, timeout=60
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert f"task_name: {task}" in result.stdout
-
-
-def test_checkpoint_path_that_is_a_directory_is_refused(tmp_path: Path):
-    from src.run.checkpoints import check_checkpoint
-
-    with pytest.raises(IsADirectoryError, match=rf"ckpt_path={tmp_path} is a directory"):
-        check_checkpoint(str(tmp_path))
 
 
 def test_a_sharded_fsdp_checkpoint_directory_is_accepted(tmp_path: Path):
@@ -177,80 +122,34 @@ def test_a_sharded_fsdp_checkpoint_directory_is_accepted(tmp_path: Path):
 
 
 @pytest.mark.slow
-def test_compiled_training_saves_checkpoints_that_eval_predict_and_export_load_without_compile(
-    here: list[str], here_for_inference: list[str], tmp_path: Path, data_dir: Path
+def test_compiled_training_saves_checkpoints_that_load_with_and_without_compile(
+    here: list[str], here_for_inference: list[str], tmp_path: Path
 ):
-    # The compiling runs on the command line: torch.compile's state and its cache directory (an environment
-    # variable) would stay in the test process. Whole batches only: a last, smaller batch compiles the graph
-    # once more (for dynamic shapes).
-    whole_batches = [f"+trainer.limit_{stage}_batches=2" for stage in ("val", "test")]
-    compiled = run_cli(
-        "train",
-        *DIGITS_MLP,
-        "trainer.max_epochs=1",
-        "+trainer.limit_train_batches=4",
-        *whole_batches,
-        "model.compile=true",
-        "callbacks=[default,throughput]",
-        env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")},  # a cold, private compile cache
-        log_dir=tmp_path,
-        data_dir=data_dir,
-        timeout=600,
-    )
-    assert compiled.returncode == 0, compiled.stderr[-3000:]
-    assert list((tmp_path / "inductor").iterdir())  # torch.compile really ran
-    run_dir = only_run_dir(tmp_path)
+    # A process of its own: torch.compile's state and its cache dir (an environment variable) would stay in the
+    # test process. Whole batches only: a last, smaller batch compiles the graph once more (dynamic shapes).
+    limits = {"train": 4, "val": 2, "test": 2}
+    common = [*here, *DIGITS_MLP, *(f"+trainer.limit_{stage}_batches={n}" for stage, n in limits.items())]
+    run_dir = tmp_path / "train" / "runs" / "compiled"
     best = run_dir / "checkpoints" / "best.ckpt"
-    names = torch.load(best, weights_only=True)["state_dict"].keys()
-    assert not [name for name in names if "_orig_mod" in name]  # the plain net's parameter names
-
-    evaluated = api.evaluate([*here, *DIGITS_MLP, *whole_batches, f"ckpt_path={best}"])
-    test_acc = last_metrics(evaluated.run_dir)["test/acc"]
-    assert test_acc == pytest.approx(last_metrics(run_dir)["test/acc"])
-    assert last_metrics(run_dir)["perf/train_samples_per_sec"] > 0  # the compiling first step left out
+    train = [*common, "trainer.max_epochs=1", "run_name=compiled", "callbacks=[default,throughput]"]
+    evaluate = [*common, f"ckpt_path={best}"]
+    script = f"from src import api\napi.train({[*train, 'model.compile=true']!r})\n"
+    script += f"api.evaluate({[*evaluate, 'model.compile=true']!r})\n"  # from the training's compile cache
+    done = run_python("-c", script, env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert list((tmp_path / "inductor").iterdir())  # torch.compile really ran
+    checkpoint = torch.load(best, weights_only=True)  # plain data only: safe to load
+    assert checkpoint["hyper_parameters"]["net"]["_target_"] == "src.models.components.mlp.MLP"
+    assert not [name for name in checkpoint["state_dict"] if "_orig_mod" in name]  # the plain net's names
+    trained = last_metrics(run_dir)
+    assert trained["perf/train_samples_per_sec"] > 0  # the compiling first step left out
+    assert last_metrics(only_run_dir(tmp_path, "eval"))["test/acc"] == pytest.approx(trained["test/acc"])
+    assert api.evaluate(evaluate).metrics["test/acc"] == pytest.approx(trained["test/acc"])  # not compiled
+    # A script imports Lightning (src.api does) before the run sets up logging: Lightning's messages still go
+    # to the run's log file, not to a console handler of Lightning's own.
+    said = "`Trainer.fit` stopped"
+    assert said in (run_dir / "train.log").read_text() and said not in done.stderr
     # part: predict
-    # The compile-trained run also predicts without compile (predict and export load a run alike).
-    predicted = api.predict([*here_for_inference, f"run_dir={run_dir}"]).run_dir
+    predicted = api.predict([*here_for_inference, f"run_dir={run_dir}"]).run_dir  # loads as export does
     assert (predicted / "predictions.csv").is_file()
     # /part
-    # And with compile on the loading side (the training run left its compiled graphs in the cache).
-    cache = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
-    compiled_eval = run_cli(
-        "eval",
-        *DIGITS_MLP,
-        *whole_batches,
-        "model.compile=true",
-        f"ckpt_path={best}",
-        env=cache,
-        log_dir=tmp_path / "ce",
-        data_dir=data_dir,
-    )
-    assert compiled_eval.returncode == 0, compiled_eval.stderr[-3000:]
-    assert last_metrics(only_run_dir(tmp_path / "ce", "eval"))["test/acc"] == pytest.approx(test_acc)
-
-
-# Packages only some runs need (each costs a second or more at import): --help, config printing and the default
-# run import none of them.
-OPTIONAL_IMPORTS = ["wandb", "onnx"]
-OPTIONAL_IMPORTS.append("timm")  # [part: pretrained]
-# part: text
-# Not transformers: `import lightning` imports it when installed (torchmetrics' BERTScore, torchmetrics#2242).
-OPTIONAL_IMPORTS += ["peft", "pyarrow", "transformers.models.bert"]
-# /part
-
-
-@pytest.mark.slow
-def test_help_config_printing_and_the_default_run_import_no_optional_package(tmp_path: Path, data_dir: Path):
-    for overrides in (["--help"], ["--cfg", "job", "logger=wandb"], ["debug=fdr"]):
-        command = cli_command("train", *overrides, log_dir=tmp_path, data_dir=data_dir)
-        # A wrapper that says which of them were imported before the command (none) and at its exit.
-        probe = tmp_path / "probe.py"
-        probe.write_text(
-            f"import atexit, runpy, sys\nnames = {OPTIONAL_IMPORTS!r}\n"
-            "print('before:', [n for n in names if n in sys.modules])\n"
-            "atexit.register(lambda: print('imported:', [n for n in names if n in sys.modules]))\n"
-            f"sys.argv = {command[1:]!r}\nrunpy.run_path(sys.argv[0], run_name='__main__')\n"
-        )
-        done = run_python(probe, timeout=120)
-        assert done.returncode == 0, done.stderr[-3000:]
-        assert "before: []" in done.stdout and "imported: []" in done.stdout, (overrides, done.stdout[-500:])

@@ -1,7 +1,7 @@
 """wandb sweeps (configs/wandb_sweep/): every value of every shipped sweep file reaches src/train.py as written
-and composes, and one job, its command built as the agent builds it, runs offline into one run dir and one
-wandb run of the sweep, on one process and on two DDP ranks. The sweep server itself cannot be reached from
-the tests: everything up to it is tested here."""
+and composes, and one job, its command built as the agent builds it, runs offline on two DDP ranks into one
+run dir and one wandb run of the sweep. The sweep server itself cannot be reached from the tests: everything
+up to it is tested here."""
 
 import importlib.util
 import json
@@ -123,11 +123,15 @@ def agent_job(tmp_path: Path, *extra: str) -> tuple[Path, str]:
     return only_run_dir(tmp_path / "logs"), run_id
 
 
-def assert_one_run_of_the_sweep(run_dir: Path, run_id: str) -> dict:
+@pytest.mark.slow
+def test_an_agents_job_on_two_ranks_runs_offline_into_one_run_dir_and_one_wandb_run(tmp_path: Path):
+    # logger.wandb.id: the template gives wandb an id of its own when a named run resumes; under the agent
+    # wandb keeps the agent's run id (and project) and ignores it, so the job stays in the sweep.
+    run_dir, run_id = agent_job(tmp_path, "trainer=ddp_sim", "logger.wandb.id=templateid")
     assert run_dir.name == run_id  # run_name=${oc.env:WANDB_RUN_ID,null} in the sweep's command
     record = json.loads((run_dir / "run.json").read_text())
-    assert record["status"] == "completed" and record["wandb_id"] == run_id
-    assert len(list(run_dir.glob("wandb/offline-run-*"))) == 1
+    assert record["status"] == "completed" and record["wandb_id"] == run_id and record["world_size"] == 2
+    assert len(list(run_dir.glob("wandb/offline-run-*"))) == 1  # from rank 0 alone
     wandb = wandb_run(run_dir)
     # The agent's run, in the sweep's project: not the config's project nor an id of the template's.
     run = wandb["run"]
@@ -135,21 +139,4 @@ def assert_one_run_of_the_sweep(run_dir: Path, run_id: str) -> dict:
     config = wandb["config"]  # the resolved config, nested, with the run record
     assert config["model"]["optimizer"]["lr"] == 0.0003 and config["model"]["net"]["hidden_sizes"] == [64]
     assert config["model"]["net"]["input_shape"] == [1, 8, 8]  # resolved, not "${data.input_shape}"
-    assert config["run"]["world_size"] == record["world_size"]
-    return record
-
-
-@pytest.mark.slow
-def test_an_agents_job_runs_offline_into_one_run_dir_and_one_wandb_run_of_the_sweep(tmp_path: Path):
-    run_dir, run_id = agent_job(tmp_path)
-    assert assert_one_run_of_the_sweep(run_dir, run_id)["world_size"] == 1
-
-
-@pytest.mark.slow
-def test_an_agents_job_on_two_ranks_is_one_run_dir_and_one_wandb_run_from_rank_zero(tmp_path: Path):
-    # logger.wandb.id: the template gives wandb an id of its own when a named run resumes; under the agent
-    # wandb keeps the agent's run id (and project) and ignores it, so the job stays in the sweep.
-    run_dir, run_id = agent_job(
-        tmp_path, "trainer=ddp_sim", "trainer.devices=2", "logger.wandb.id=templateid"
-    )
-    assert assert_one_run_of_the_sweep(run_dir, run_id)["world_size"] == 2
+    assert config["run"]["world_size"] == 2

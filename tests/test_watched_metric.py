@@ -1,7 +1,5 @@
-"""One place says which metric a run watches and which way is better: the top-level `monitor` and `mode`.
-
-The best checkpoint, early stopping, the model's running best (`<monitor>_best`), the value a sweep job
-returns and the sweep summary's order all follow them.
+"""One place says which metric a run watches and which way is better, the top-level `monitor` and `mode`: the
+best checkpoint, early stopping, the running best, a sweep job's value and the summary's order follow them.
 An Optuna study's direction too.  [part: optuna]
 """
 
@@ -12,18 +10,15 @@ from pathlib import Path
 import optuna  # [part: optuna]
 import pytest
 import torch
-import yaml
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
-from omegaconf import DictConfig
 from optuna.study import StudyDirection  # [part: optuna]
 
 from hydra_plugins.sweep_summary.summary import write_summary
+from src import api
 from src.models.classifier_module import ClassifierModule
-from tests.conftest import CONFIG_DIR, run_cli
+from tests.conftest import run_cli
 
-DIGITS_MLP = ["data=digits", "model/net=mlp"]
 WATCH_LOSS = ["monitor=val/loss", "mode=min"]
+WATCHED = "{'monitor': 'val/loss', 'mode': 'min'"  # how a callback's state key names them
 
 
 def logged(job_dir: Path, name: str) -> list[float]:
@@ -37,39 +32,27 @@ def read_summary(sweep_dir: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(file))
 
 
-def callback_state(checkpoint: dict, kind: str) -> tuple[str, dict]:
-    """The state key (which names monitor and mode) and the state of the one `kind` callback in a checkpoint."""
-    ((key, state),) = [(k, v) for k, v in checkpoint["callbacks"].items() if k.startswith(kind + "{")]
-    return key, state
-
-
 def test_one_override_of_the_watched_metric_changes_every_consumer(tmp_path: Path, data_dir: Path):
-    # Job 0's learning rate is the worse one: listed first, it must move down for the summary to be by loss.
-    overrides = [*DIGITS_MLP, *WATCH_LOSS, "trainer.max_epochs=3", "model.optimizer.lr=0.3,0.001"]
-    result = run_cli("train", "-m", *overrides, log_dir=tmp_path, data_dir=data_dir)
+    # A sweep (-m): the jobs return their best value and the summary orders them. Job 0's learning rate is the
+    # worse one: listed first, it must move down for the summary to be by loss.
+    overrides = [*WATCH_LOSS, "trainer.max_epochs=3", "model.optimizer.lr=0.3,0.001"]
+    result = run_cli(
+        "train", "-m", "data=digits", "model/net=mlp", *overrides, log_dir=tmp_path, data_dir=data_dir
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     (sweep,) = (tmp_path / "train" / "multiruns").iterdir()
-
     best = {}
     for job in ("0", "1"):
-        job_dir = sweep / job
-        losses = logged(job_dir, "val/loss")
-        assert len(losses) == 3
-        lowest = min(losses)
-        checkpoint = torch.load(job_dir / "checkpoints" / "best.ckpt", weights_only=True)
-        key, state = callback_state(checkpoint, "ModelCheckpoint")
-        assert "'monitor': 'val/loss', 'mode': 'min'" in key
-        assert state["best_model_score"].item() == pytest.approx(lowest)
-        key, state = callback_state(checkpoint, "EarlyStopping")
-        assert key == "EarlyStopping{'monitor': 'val/loss', 'mode': 'min'}"
-        assert state["best_score"].item() == pytest.approx(lowest)
-        # The model's running best is the lowest loss so far, epoch by epoch, and is what the job returns.
-        running = [min(losses[: i + 1]) for i in range(len(losses))]
-        assert logged(job_dir, "val/loss_best") == pytest.approx(running)
-        returned = json.loads((job_dir / "result.json").read_text())
-        assert returned["metric"] == "val/loss_best"
-        assert returned["value"] == pytest.approx(lowest)
-        best[job] = lowest
+        losses = logged(sweep / job, "val/loss")
+        best[job] = lowest = min(losses)
+        callbacks = torch.load(sweep / job / "checkpoints" / "best.ckpt", weights_only=True)["callbacks"]
+        watching = {key.split("{")[0]: state for key, state in callbacks.items() if WATCHED in key}
+        assert watching["ModelCheckpoint"]["best_model_score"].item() == pytest.approx(lowest)
+        assert watching["EarlyStopping"]["best_score"].item() == pytest.approx(lowest)
+        # The model's running best is the lowest loss so far, epoch by epoch (3 of them), and the job returns it.
+        assert logged(sweep / job, "val/loss_best") == pytest.approx([min(losses[:i]) for i in (1, 2, 3)])
+        returned = json.loads((sweep / job / "result.json").read_text())
+        assert (returned["metric"], returned["value"]) == ("val/loss_best", pytest.approx(lowest))
 
     assert best["0"] > best["1"]  # else the summary's order below would not tell min from max
     rows = read_summary(sweep)
@@ -100,36 +83,21 @@ def test_an_optuna_study_minimizes_when_the_mode_is_min(tmp_path: Path, data_dir
 # /part
 
 
-# --- without overrides, and refused values: no training ---
-
-
-def test_by_default_everything_watches_val_acc_and_maximizes(tmp_path: Path, data_dir: Path):
-    shown = run_cli("train", "--cfg", "job", "--resolve", log_dir=tmp_path, data_dir=data_dir)
-    assert shown.returncode == 0, shown.stderr[-3000:]
-    cfg = yaml.safe_load(shown.stdout)
-    assert (cfg["monitor"], cfg["mode"], cfg["optimized_metric"]) == ("val/acc", "max", "val/acc_best")
-    for consumer in (cfg["callbacks"]["model_checkpoint"], cfg["callbacks"]["early_stopping"], cfg["model"]):
-        assert (consumer["monitor"], consumer["mode"]) == ("val/acc", "max")
-
-    assert composed("train").hydra.callbacks.sweep_summary.mode == "max"
+def test_by_default_everything_watches_val_acc_and_maximizes(compose_cfg):
+    cfg = compose_cfg("train")
+    assert (cfg.monitor, cfg.mode, cfg.optimized_metric) == ("val/acc", "max", "val/acc_best")
+    for consumer in (cfg.callbacks.model_checkpoint, cfg.callbacks.early_stopping, cfg.model):
+        assert (consumer.monitor, consumer.mode) == ("val/acc", "max")
+    assert api.compose("train").hydra.callbacks.sweep_summary.mode == "max"
     # part: optuna
-    search = composed("train", ["hparams_search=digits_mlp"])
+    search = api.compose("train", ["hparams_search=digits_mlp"])
     assert search.hydra.sweeper.mode == "max" and search.hydra.callbacks.sweep_summary.mode == "max"
     assert search.callbacks.optuna_pruning.monitor == "val/acc_best"
     # /part
     # part: predict
-    predict = composed("predict")  # predict (like export) has no `mode`: the hydra config falls back to max
+    predict = api.compose("predict")  # like export, no `mode`: the hydra config falls back to max
     assert "mode" not in predict and predict.hydra.callbacks.sweep_summary.mode == "max"
     # /part
-
-
-def composed(name: str, overrides: list[str] | None = None) -> DictConfig:
-    """`name`'s config with Hydra's own (hydra.sweeper, hydra.callbacks), as a run composes it."""
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
-        cfg = compose(name, overrides or [], return_hydra_config=True)
-    GlobalHydra.instance().clear()
-    return cfg
 
 
 def test_a_bad_mode_is_refused_in_one_line_naming_the_valid_ones(tmp_path: Path):
