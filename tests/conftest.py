@@ -71,8 +71,8 @@ def built_once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Calla
 
 @pytest.fixture(scope="session")
 def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One data dir for the whole session, so the mnist5k digits are parsed and the digit scenes built once.
-    Both test processes write their caches into it: each cache file is written whole, then renamed."""
+    """One data dir for the whole session, so each dataset is parsed or built once. Both test processes write
+    their caches into it: each cache file is written whole, then renamed."""
     return built_once(tmp_path_factory, "data", lambda folder: None)
 
 
@@ -88,20 +88,6 @@ def digits_run(tmp_path_factory: pytest.TempPathFactory, data_dir: Path) -> Path
         api.train([*paths(log_dir, data_dir), *overrides])
 
     return built_once(tmp_path_factory, "digits_run", train) / "train" / "runs" / "mlp"
-
-
-@pytest.fixture(scope="session")
-def seeds_sweep(tmp_path_factory: pytest.TempPathFactory, data_dir: Path) -> Path:
-    """The sweep dir of `python src/train.py -m data=digits model/net=mlp,simple_cnn seed=1,2,3
-    trainer.max_epochs=1`, the README's mean ± std over seeds, run once for the session."""
-
-    def sweep(log_dir: Path) -> None:
-        grid = ["data=digits", "model/net=mlp,simple_cnn", "seed=1,2,3", "trainer.max_epochs=1"]
-        result = run_cli("train", "-m", *grid, log_dir=log_dir, data_dir=data_dir)
-        assert result.returncode == 0, result.stderr[-3000:]
-
-    (sweep_dir,) = (built_once(tmp_path_factory, "seeds_sweep", sweep) / "train" / "multiruns").iterdir()
-    return sweep_dir
 
 
 # One batch of each stage, with the callbacks a debug preset would turn off.
@@ -273,58 +259,6 @@ def assert_single_run_dir(run_dir: Path, log_name: str = "train.log") -> None:
     assert len(list(run_dir.glob("**/.hydra"))) == 1
     assert len(list(run_dir.glob("**/checkpoints"))) == 1
     assert "rank: 1]" not in (run_dir / log_name).read_text()  # the other ranks log to the console only
-
-
-def wandb_records(run_file: Path) -> list:
-    """The records of an offline wandb run (`run-<id>.wandb`), as wandb's own protobuf messages.
-
-    The file is a LevelDB-style log after a 7-byte header: 32 KiB blocks of chunks, each with a
-    4-byte checksum, a 2-byte length and a type (1 whole record, 2 first, 3 middle, 4 last part).
-    """
-    import struct
-
-    from wandb.proto import wandb_internal_pb2
-
-    data = run_file.read_bytes()
-    assert data[:4] == b":W&B", f"{run_file} is not a wandb run file"
-    records, pending, pos = [], b"", 7
-    while pos + 7 <= len(data):
-        if 32768 - pos % 32768 < 7:  # a block's tail too short for a chunk header is padding
-            pos += 32768 - pos % 32768
-            continue
-        _checksum, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
-        chunk, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
-        pending = chunk if kind in (1, 2) else pending + chunk
-        if kind in (1, 4):
-            record = wandb_internal_pb2.Record()
-            record.ParseFromString(pending)
-            records.append(record)
-    return records
-
-
-def wandb_run(run_dir: Path) -> dict:
-    """The one offline wandb run under `run_dir`: its run record, config (key -> value), history rows and
-    the files it saved (paths relative to its files/ folder)."""
-    import json
-
-    (run_file,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
-    run, config, history, files = None, {}, [], []
-    for record in wandb_records(run_file):
-        kind = record.WhichOneof("record_type")
-        if kind == "run":
-            run = record.run
-        elif kind == "config":
-            config |= {item.key: json.loads(item.value_json) for item in record.config.update}
-        elif kind == "history":
-            history.append(
-                {
-                    item.key or "/".join(item.nested_key): json.loads(item.value_json)
-                    for item in record.history.item
-                }
-            )
-        elif kind == "files":
-            files += [file.path for file in record.files.files]
-    return {"run": run, "config": config, "history": history, "files": files, "dir": run_file.parent}
 
 
 # part: predict

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from src import api
-from tests.conftest import ROOT, assert_single_run_dir, last_metrics, run_cli, wandb_records, wandb_run
+from tests.conftest import ROOT, assert_single_run_dir, last_metrics, run_cli
+from tests.test_tracking import wandb_records, wandb_run
 
 TINY = ["data=digits", "model/net=mlp", "trainer.max_epochs=2"]
 

@@ -4,6 +4,7 @@
 import csv
 import json
 import math
+import shutil
 from pathlib import Path
 
 import lightning as L
@@ -232,6 +233,25 @@ def test_a_stopped_run_resumes_both_the_raw_weights_and_the_average(
     for key in ("state_dict", "current_model_state", "averaging_state"):  # average, raw weights, step count
         assert_same_tensors(ended[key], straight[key])
     assert ended["averaging_state"]["n_averaged"] == straight["global_step"] == 12
+
+
+@pytest.mark.slow
+def test_a_run_killed_after_any_checkpoint_write_resumes_both_the_raw_weights_and_the_average(
+    ema_run: Path, here: list[str], tmp_path: Path
+):
+    # Each write is atomic: a copy of the run dir after each one is every state a kill can leave it in.
+    moments = tmp_path / "moments"
+    snapshots = f"trainer.plugins=[{{_target_:tests.helpers.SnapshotCheckpointIO,folder:'{moments}'}}]"
+    command = [*here, *EMA, snapshots, "run_name=killed"]
+    run_dir = api.train(command).run_dir
+    straight = load_checkpoint(ema_run / "checkpoints" / "last.ckpt")
+    for kill in sorted(moments.iterdir()):
+        shutil.rmtree(run_dir)
+        shutil.copytree(kill, run_dir)
+        api.train(command)  # the same command again
+        ended = load_checkpoint(run_dir / "checkpoints" / "last.ckpt")
+        for key in ("state_dict", "current_model_state", "averaging_state"):
+            assert_same_tensors(ended[key], straight[key])
 
 
 def test_a_weights_only_best_checkpoint_is_refused_with_the_average(compose_cfg):

@@ -8,9 +8,23 @@ from pathlib import Path
 import pytest
 
 from hydra_plugins.sweep_summary.summary import write_summary
-from tests.conftest import ONE_BATCH, last_metrics, run_cli
+from tests.conftest import ONE_BATCH, built_once, last_metrics, run_cli
 
 STATISTICS = {"mean": statistics.fmean, "std": statistics.stdev, "min": min, "max": max}
+
+
+@pytest.fixture(scope="session")
+def seeds_sweep(tmp_path_factory: pytest.TempPathFactory, data_dir: Path) -> Path:
+    """The sweep dir of `python src/train.py -m data=digits model/net=mlp,simple_cnn seed=1,2,3
+    trainer.max_epochs=1`, the README's mean ± std over seeds, run once for the session."""
+
+    def sweep(log_dir: Path) -> None:
+        grid = ["data=digits", "model/net=mlp,simple_cnn", "seed=1,2,3", "trainer.max_epochs=1"]
+        result = run_cli("train", "-m", *grid, log_dir=log_dir, data_dir=data_dir)
+        assert result.returncode == 0, result.stderr[-3000:]
+
+    (sweep_dir,) = (built_once(tmp_path_factory, "seeds_sweep", sweep) / "train" / "multiruns").iterdir()
+    return sweep_dir
 
 
 def read_summary(sweep_dir: Path, name: str = "summary.csv") -> list[dict[str, str]]:
@@ -67,6 +81,7 @@ def test_a_failed_grid_job_is_in_the_summary_with_its_error(tmp_path: Path, data
 
 
 def test_the_summary_puts_the_best_first_and_averages_only_the_completed_repeats(tmp_path: Path):
+    assert write_summary(tmp_path, mode="min") == ([], [])  # no job has finished yet: nothing to write
     jobs = [  # the result.json of a search over lr, and over seed among its values: lr=0.1 repeats
         ("completed", ["lr=0.1", "seed=1", "data=x"], {"val/loss": 0.5, "test/loss": 0.6}, None),
         ("completed", ["lr=0.1", "seed=2", "data=x"], {"val/loss": 0.3, "test/loss": 0.4}, None),

@@ -16,7 +16,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from src.run.builder import build
 from src.run.record import git_state
-from tests.conftest import ROOT, last_metrics, only_run_dir, run_cli, wandb_run
+from tests.conftest import ROOT, last_metrics, only_run_dir, run_cli
 
 DIGITS_MLP = ["data=digits", "model/net=mlp", "trainer.max_epochs=2"]
 MANY_LOGGERS = [*DIGITS_MLP, "logger=many_loggers"]
@@ -28,6 +28,58 @@ MANY_LOGGERS += [  # the pictures and histograms on
 ]
 # /part
 METRICS = {"train/loss", "train/acc", "val/loss", "val/acc", "val/acc_best", "test/acc", "test/loss"}
+
+
+def wandb_records(run_file: Path) -> list:
+    """The records of an offline wandb run (`run-<id>.wandb`), as wandb's own protobuf messages.
+
+    The file is a LevelDB-style log after a 7-byte header: 32 KiB blocks of chunks, each with a
+    4-byte checksum, a 2-byte length and a type (1 whole record, 2 first, 3 middle, 4 last part).
+    """
+    import struct
+
+    from wandb.proto import wandb_internal_pb2
+
+    data = run_file.read_bytes()
+    assert data[:4] == b":W&B", f"{run_file} is not a wandb run file"
+    records, pending, pos = [], b"", 7
+    while pos + 7 <= len(data):
+        if 32768 - pos % 32768 < 7:  # a block's tail too short for a chunk header is padding
+            pos += 32768 - pos % 32768
+            continue
+        _checksum, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        chunk, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
+        pending = chunk if kind in (1, 2) else pending + chunk
+        if kind in (1, 4):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            records.append(record)
+    return records
+
+
+def wandb_run(run_dir: Path) -> dict:
+    """The one offline wandb run under `run_dir`: its run record, config (key -> value), history rows and
+    the files it saved (paths relative to its files/ folder)."""
+    import json
+
+    (run_file,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
+    run, config, history, files = None, {}, [], []
+    for record in wandb_records(run_file):
+        kind = record.WhichOneof("record_type")
+        if kind == "run":
+            run = record.run
+        elif kind == "config":
+            config |= {item.key: json.loads(item.value_json) for item in record.config.update}
+        elif kind == "history":
+            history.append(
+                {
+                    item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                    for item in record.history.item
+                }
+            )
+        elif kind == "files":
+            files += [file.path for file in record.files.files]
+    return {"run": run, "config": config, "history": history, "files": files, "dir": run_file.parent}
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import ROOT, cli_env, only_run_dir, wandb_run
+from tests.conftest import ROOT, cli_env, only_run_dir
+from tests.test_tracking import wandb_run
 
 SWEEP_FILES = sorted((ROOT / "configs" / "wandb_sweep").glob("*.yml"))
 
