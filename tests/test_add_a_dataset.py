@@ -17,8 +17,7 @@ from PIL import Image  # [part: predict]
 from src import api
 from src.inference.inputs import file_loader  # [part: predict]
 from src.models.classifier_module import ClassifierModule
-from src.run import trained_run
-from src.run.trained_run import TrainedRun, load_model  # [part: predict]
+from src.run.trained_run import TrainedRun, data_task, load_model  # [part: predict]
 from tests.conftest import paths
 
 # Stripes: 8x8 images of horizontal (class 0) or vertical (class 1) stripes under noise; an MLP learns them
@@ -194,7 +193,11 @@ def test_any_lightning_datamodule_is_recorded_as_one_that_does_not_say_how_to_re
     # /part
 
 
+# part: predict
 def test_a_checkpoint_says_its_datamodules_task_or_none_where_that_cannot_be_imported():
-    assert trained_run.data_task("src.data.digits_datamodule.DigitsDataModule") == "classification"
+    assert data_task("src.data.digits_datamodule.DigitsDataModule") == "classification"
     for elsewhere in ("my_lab.data.CellsDataModule", "CellsDataModule", None):  # not here, no module, none
-        assert trained_run.data_task(elsewhere) is None
+        assert data_task(elsewhere) is None
+
+
+# /part
