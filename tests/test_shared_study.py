@@ -97,29 +97,25 @@ def stop_in_a_trial(launch: Launch, storage: str, log_dir: Path) -> int:
 
 
 def assert_team_finished(
-    storage: str, n_trials: int, launches: list[Launch]
+    storage: str, n_trials: int, launches: list[Launch], died_in: int | None = None
 ) -> list[optuna.trial.FrozenTrial]:
-    """Exactly n_trials completed, each launch ran some, and no trial failed; return the trials."""
+    """Exactly n_trials completed, each launch ran some, no two ran the same values, and no trial failed but
+    the one a launch died in (`died_in`), which ran again; return the trials."""
     trials = study_of(storage).trials
     states = [trial.state for trial in trials]
-    assert states.count(TrialState.COMPLETE) == n_trials, states
-    assert TrialState.FAIL not in states and TrialState.RUNNING not in states, states
+    assert states.count(TrialState.COMPLETE) == n_trials and TrialState.RUNNING not in states, states
+    assert [t.number for t in trials if t.state == TrialState.FAIL] == ([] if died_in is None else [died_in])
     pids = {trial.system_attrs["heartbeat"]["pid"] for trial in trials}
     assert pids == {launch.process.pid for launch in launches}, "a launch ran no trial"
     assert len({str(trial.params) for trial in trials}) == n_trials, "two launches ran the same values"
+    if died_in is not None:
+        (rerun,) = [t for t in trials if t.user_attrs.get("retry_of") == died_in]
+        assert rerun.state == TrialState.COMPLETE and rerun.params == trials[died_in].params
     return trials
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("kind", ["sqlite", "journal"])
-def test_two_launches_at_once_finish_n_trials_together(kind: str, tmp_path: Path, data_dir: Path):
-    storage = f"sqlite:///{tmp_path}/optuna.db" if kind == "sqlite" else f"{tmp_path}/optuna.journal"
-    launches = [Launch(name, storage, 3, tmp_path, data_dir) for name in ("first", "second")]
-    for launch in launches:
-        launch.wait()
-    assert_team_finished(storage, 3, launches)
-
-
+# Two launches at once on each storage: on SQLite one is killed, on a journal file one freezes, and on a
+# PostgreSQL server (at the end) both finish.
 @pytest.mark.slow
 def test_a_killed_launch_has_its_trial_failed_and_run_again_by_the_other(tmp_path: Path, data_dir: Path):
     storage = f"sqlite:///{tmp_path}/optuna.db"
@@ -129,15 +125,11 @@ def test_a_killed_launch_has_its_trial_failed_and_run_again_by_the_other(tmp_pat
     doomed.process.wait(10)
     output = survivor.wait()
 
-    trials = study_of(storage).trials
-    assert [t.state for t in trials].count(TrialState.COMPLETE) == 3
-    failed = [t for t in trials if t.state == TrialState.FAIL]
-    assert [t.number for t in failed] == [cut_off]
+    trials = assert_team_finished(storage, 3, [doomed, survivor], died_in=cut_off)
     # A launch on the same machine whose process is gone: no need to wait for the heartbeat's timeout.
-    assert failed[0].user_attrs["error"] == f"interrupted: its launch (process {doomed.process.pid}) ended"
-    (rerun,) = [t for t in trials if t.user_attrs.get("retry_of") == cut_off]
-    assert rerun.state == TrialState.COMPLETE and rerun.params == failed[0].params
-    assert f"Trial {cut_off} its launch (process {doomed.process.pid}) ended; marked failed" in output
+    ended = f"its launch (process {doomed.process.pid}) ended"
+    assert trials[cut_off].user_attrs["error"] == f"interrupted: {ended}"
+    assert f"Trial {cut_off} {ended}; marked failed" in output
 
 
 @pytest.mark.slow
@@ -154,15 +146,9 @@ def test_a_frozen_launch_has_its_trial_failed_after_the_heartbeat_timeout(tmp_pa
     stopped_at = time.time()
     survivor.wait()
 
-    trials = study_of(storage).trials
-    assert [t.state for t in trials].count(TrialState.COMPLETE) == 3
-    (failed,) = [t for t in trials if t.state == TrialState.FAIL]
-    assert failed.number == cut_off
-    assert (
-        failed.user_attrs["error"] == f"stale: no heartbeat from its launch on {os.uname().nodename} for 3 s"
-    )
-    (rerun,) = [t for t in trials if t.user_attrs.get("retry_of") == cut_off]
-    assert rerun.state == TrialState.COMPLETE and rerun.params == failed.params
+    trials = assert_team_finished(storage, 3, [frozen, survivor], died_in=cut_off)
+    stale = f"stale: no heartbeat from its launch on {os.uname().nodename} for 3 s"
+    assert trials[cut_off].user_attrs["error"] == stale
     assert time.time() - stopped_at > 3  # not before the timeout
 
     # Woken up, the frozen launch finishes its trial, keeps the study as it is, and ends.

@@ -16,12 +16,14 @@ STATISTICS = {"mean": statistics.fmean, "std": statistics.stdev, "min": min, "ma
 @pytest.fixture(scope="session")
 def seeds_sweep(tmp_path_factory: pytest.TempPathFactory, data_dir: Path) -> Path:
     """The sweep dir of `python src/train.py -m data=digits model/net=mlp,simple_cnn seed=1,2,3
-    trainer.max_epochs=1`, the README's mean ± std over seeds, run once for the session."""
+    trainer.max_epochs=1`, the README's mean ± std over seeds, run once for the session; its output in
+    output.txt beside `train/`."""
 
     def sweep(log_dir: Path) -> None:
         grid = ["data=digits", "model/net=mlp,simple_cnn", "seed=1,2,3", "trainer.max_epochs=1"]
         result = run_cli("train", "-m", *grid, log_dir=log_dir, data_dir=data_dir)
         assert result.returncode == 0, result.stderr[-3000:]
+        (log_dir / "output.txt").write_text(result.stdout + result.stderr)
 
     (sweep_dir,) = (built_once(tmp_path_factory, "seeds_sweep", sweep) / "train" / "multiruns").iterdir()
     return sweep_dir
@@ -44,6 +46,7 @@ def test_a_grid_sweep_runs_each_job_in_its_own_dir_and_summarizes_jobs_and_seed_
     values = [float(row["val/acc_best"]) for row in rows]
     assert values == sorted(values, reverse=True)  # best first (val/acc_best: maximize)
     # Jobs that differ only in their seed are one variant, with the mean, std, min and max of its runs.
+    assert "Variants (" in (seeds_sweep.parents[2] / "output.txt").read_text()  # printed at the sweep's end
     variants = read_summary(seeds_sweep, "variants.csv")
     assert sorted(row["model/net"] for row in variants) == ["mlp", "simple_cnn"]
     means = [float(row["val/acc_best mean"]) for row in variants]
@@ -59,25 +62,27 @@ def test_a_grid_sweep_runs_each_job_in_its_own_dir_and_summarizes_jobs_and_seed_
 
 
 @pytest.mark.slow
-def test_a_sweep_over_the_folds_gives_the_cross_validated_mean_and_std(tmp_path: Path, data_dir: Path):
-    overrides = ["-m", "data=digits", "model/net=mlp", "data.num_folds=3", "data.fold=range(0,3)", *ONE_BATCH]
-    result = run_cli("train", *overrides, log_dir=tmp_path, data_dir=data_dir)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "Variants (" in result.stdout + result.stderr  # printed at the end of the sweep
-    (sweep,) = (tmp_path / "train" / "multiruns").iterdir()
-    (variant,) = read_summary(sweep, "variants.csv")  # one variant, three folds of it
-    assert (variant["n"], variant["data.fold"]) == ("3", "0 1 2")  # its mean and std: as over seeds
-
-
-def test_a_failed_grid_job_is_in_the_summary_with_its_error(tmp_path: Path, data_dir: Path):
-    overrides = ["data=digits", "model/net=mlp", "model.net.dropout=0.1,1.5", *ONE_BATCH]
-    result = run_cli("train", "-m", *overrides, log_dir=tmp_path, data_dir=data_dir)
+def test_a_sweep_over_the_folds_gives_each_variants_mean_and_std_and_failed_jobs_with_their_error(
+    tmp_path: Path, data_dir: Path
+):
+    # Three folds of two variants: dropout=1.5 is not a probability, so each of its jobs fails.
+    folds = ["data.num_folds=3", "data.fold=range(0,3)", "model.net.dropout=0.1,1.5", *ONE_BATCH]
+    result = run_cli(
+        "train", "-m", "data=digits", "model/net=mlp", *folds, log_dir=tmp_path, data_dir=data_dir
+    )
     assert result.returncode != 0  # Hydra's grid sweeper stops after the batch that failed
     (sweep,) = (tmp_path / "train" / "multiruns").iterdir()
-    rows = {row["model.net.dropout"]: row for row in read_summary(sweep)}
-    assert rows["0.1"]["status"] == "completed" and rows["1.5"]["status"] == "failed"
-    assert rows["1.5"]["error"] == "ValueError: dropout probability has to be between 0 and 1, but got 1.5"
-    assert "Traceback" in (sweep / rows["1.5"]["job"] / "train.log").read_text()  # in the job's own log
+    rows = read_summary(sweep)
+    statuses = {(row["model.net.dropout"], row["status"]) for row in rows}
+    assert statuses == {("0.1", "completed"), ("1.5", "failed")}
+    failed = [row for row in rows if row["status"] == "failed"]
+    message = "ValueError: dropout probability has to be between 0 and 1, but got 1.5"
+    assert len(failed) == 3 and all(row["error"] == message for row in failed)
+    assert "Traceback" in (sweep / failed[0]["job"] / "train.log").read_text()  # in the job's own log
+    variants = {row["model.net.dropout"]: row for row in read_summary(sweep, "variants.csv")}
+    kept, failing = variants["0.1"], variants["1.5"]
+    assert (kept["n"], kept["data.fold"]) == ("3", "0 1 2")  # its mean and std: as over seeds
+    assert (failing["n"], failing["not_completed"]) == ("0", "3")
 
 
 def test_the_summary_puts_the_best_first_and_averages_only_the_completed_repeats(tmp_path: Path):

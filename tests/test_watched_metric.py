@@ -1,21 +1,20 @@
 """One place says which metric a run watches and which way is better, the top-level `monitor` and `mode`: the
 best checkpoint, early stopping, the running best, a sweep job's value and the summary's order follow them.
-An Optuna study's direction too.  [part: optuna]
+An Optuna study's direction too (tests/test_optuna.py runs its study with mode=min).  [part: optuna]
 """
 
 import csv
 import json
 from pathlib import Path
 
-import optuna  # [part: optuna]
 import pytest
 import torch
-from optuna.study import StudyDirection  # [part: optuna]
 
 from hydra_plugins.sweep_summary.summary import write_summary
 from src import api
 from src.models.classifier_module import ClassifierModule
 from tests.conftest import run_cli
+from tests.test_sweeps import read_summary
 
 WATCH_LOSS = ["monitor=val/loss", "mode=min"]
 WATCHED = "{'monitor': 'val/loss', 'mode': 'min'"  # how a callback's state key names them
@@ -25,11 +24,6 @@ def logged(job_dir: Path, name: str) -> list[float]:
     """Every value of one metric in a job's CSV log, in order."""
     with open(job_dir / "csv" / "version_0" / "metrics.csv") as file:
         return [float(row[name]) for row in csv.DictReader(file) if row.get(name)]
-
-
-def read_summary(sweep_dir: Path) -> list[dict[str, str]]:
-    with open(sweep_dir / "summary.csv") as file:
-        return list(csv.DictReader(file))
 
 
 def test_one_override_of_the_watched_metric_changes_every_consumer(tmp_path: Path, data_dir: Path):
@@ -58,29 +52,6 @@ def test_one_override_of_the_watched_metric_changes_every_consumer(tmp_path: Pat
     rows = read_summary(sweep)
     assert [row["job"] for row in rows] == ["1", "0"]  # the lower loss first
     assert [float(row["val/loss_best"]) for row in rows] == pytest.approx([best["1"], best["0"]])
-
-
-# part: optuna
-@pytest.mark.slow
-def test_an_optuna_study_minimizes_when_the_mode_is_min(tmp_path: Path, data_dir: Path):
-    overrides = [*WATCH_LOSS, "hydra.sweeper.n_trials=2", "trainer.max_epochs=1"]
-    result = run_cli(
-        "train", "-m", "hparams_search=digits_mlp", *overrides, log_dir=tmp_path, data_dir=data_dir
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    study_dir = tmp_path / "train" / "studies" / "digits_mlp"
-    study = optuna.load_study(study_name="digits_mlp", storage=f"sqlite:///{study_dir}/optuna.db")
-    assert study.direction == StudyDirection.MINIMIZE
-    for trial in study.trials:  # each trial returned, and reported to the pruner, its lowest val/loss
-        lowest = min(logged(study_dir / str(trial.number), "val/loss"))
-        assert trial.value == pytest.approx(lowest)
-        assert trial.intermediate_values == {0: pytest.approx(lowest)}
-    values = [float(row["val/loss_best"]) for row in read_summary(study_dir)]
-    assert values == sorted(values)  # best (lowest) first
-    assert int(read_summary(study_dir)[0]["job"]) == study.best_trial.number
-
-
-# /part
 
 
 def test_by_default_everything_watches_val_acc_and_maximizes(compose_cfg):
