@@ -58,41 +58,33 @@ def test_mlflow_sweep_jobs_share_one_sqlite_file_with_their_params_metrics_and_p
         # /part
 
 
-# Opens a new SQLite store in the folder argv[1] as soon as the file `go` appears there, and logs one metric.
-OPEN_AT_ONCE = """
-import sys, time
-from pathlib import Path
-from src.run.mlflow_logger import MLFlowLogger
+def open_at_go(folder: str | Path, number: int) -> None:
+    """Open a new SQLite store in `folder` as soon as the file `go` appears there, and log one metric."""
+    import mlflow.tracking  # noqa: F401 - imported before the start, so that the processes open it at once
 
-folder, number = Path(sys.argv[1]), sys.argv[2]
-(folder / f"ready-{number}").touch()
-while not (folder / "go").exists():
-    time.sleep(0.01)
-logger = MLFlowLogger(experiment_name="train", tracking_uri=f"sqlite:///{folder}/mlflow.db")
-logger.log_metrics({"val/acc": float(number)}, step=0)
-logger.finalize("success")
-"""
+    from src.run.mlflow_logger import MLFlowLogger
+
+    folder = Path(folder)
+    (folder / f"ready-{number}").touch()
+    while not (folder / "go").exists():
+        time.sleep(0.01)
+    logger = MLFlowLogger(experiment_name="train", tracking_uri=f"sqlite:///{folder}/mlflow.db")
+    logger.log_metrics({"val/acc": float(number)}, step=0)
+    logger.finalize("success")
 
 
 @pytest.mark.slow
 def test_processes_that_open_a_new_mlflow_store_at_once_all_log(tmp_path: Path):
     """torchrun's ranks, or the parallel jobs of a sweep, start together on a new mlflow.db; without the lock
     MLflow's table creation and Lightning's experiment creation collided (alembic or "already exists")."""
-    script = tmp_path / "open_at_once.py"
-    script.write_text(OPEN_AT_ONCE)
-    errors = [open(tmp_path / f"{n}.err", "w") for n in range(2)]  # noqa: SIM115 - closed below
-    processes = [
-        subprocess.Popen(
-            [sys.executable, script, tmp_path, str(n)], cwd=ROOT, env=cli_env(), stderr=errors[n]
-        )
-        for n in range(2)
-    ]
-    while len(list(tmp_path.glob("ready-*"))) < 2 and all(p.poll() is None for p in processes):
+    call = f"from tests.test_mlflow import open_at_go; open_at_go({str(tmp_path)!r}, 1)"
+    with open(tmp_path / "other.err", "w") as error:  # another process, and this one
+        other = subprocess.Popen([sys.executable, "-c", call], cwd=ROOT, env=cli_env(), stderr=error)
+    while not (tmp_path / "ready-1").exists() and other.poll() is None:
         time.sleep(0.05)
     (tmp_path / "go").touch()
-    for n, process in enumerate(processes):
-        assert process.wait(120) == 0, (tmp_path / f"{n}.err").read_text()[-3000:]
-        errors[n].close()
+    open_at_go(tmp_path, 0)
+    assert other.wait(120) == 0, (tmp_path / "other.err").read_text()[-3000:]
     _, runs = mlflow_runs(tmp_path, "train")
     assert sorted(run.data.metrics["val/acc"] for run in runs) == [0.0, 1.0]
 

@@ -24,16 +24,16 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.fixture(scope="session")
-def sweeps(tmp_path_factory: pytest.TempPathFactory, data_dir: Path) -> Path:
-    """Two sweeps of two seeds each, the MLP and the CNN: `<folder>/train/multiruns/<time>/{0,1}`."""
+def sweep(tmp_path_factory: pytest.TempPathFactory, data_dir: Path) -> Path:
+    """A sweep dir: two variants, the MLP (jobs 0, 1) and the CNN (2, 3), over two seeds each."""
 
     def train(log_dir: Path) -> None:
-        for net in ("mlp", "simple_cnn"):
-            overrides = ["-m", f"model/net={net}", "seed=1,2", *FEW_BATCHES]
-            result = run_cli("train", *overrides, log_dir=log_dir, data_dir=data_dir)
-            assert result.returncode == 0, result.stderr[-3000:]
+        overrides = ["-m", "model/net=mlp,simple_cnn", "seed=1,2", *FEW_BATCHES]
+        result = run_cli("train", *overrides, log_dir=log_dir, data_dir=data_dir)
+        assert result.returncode == 0, result.stderr[-3000:]
 
-    return built_once(tmp_path_factory, "report_sweeps", train)
+    (sweep_dir,) = (built_once(tmp_path_factory, "report_sweep", train) / "train" / "multiruns").iterdir()
+    return sweep_dir
 
 
 @pytest.fixture(scope="module")
@@ -74,12 +74,13 @@ def logged(run_dir: Path, metric: str) -> list[float]:
     return [float(row[metric]) for row in rows if row.get(metric)]
 
 
-def test_a_report_of_two_sweeps_and_a_run_tabulates_and_plots_them_without_torch(
-    sweeps: Path, digits_run: Path, without_torch: Path, tmp_path: Path, data_dir: Path
+def test_a_report_of_a_sweep_and_a_run_tabulates_and_plots_them_without_torch(
+    sweep: Path, digits_run: Path, without_torch: Path, tmp_path: Path, data_dir: Path
 ):
     runs = f"runs=[train/multiruns/*,{digits_run}]"  # a glob relative to where the command starts, and a run
     metrics = "metrics=[val/acc,val/loss]"
-    result = report_cli(runs, metrics, log_dir=tmp_path, data_dir=data_dir, blocked=without_torch, cwd=sweeps)
+    logs = sweep.parents[2]  # <logs>/train/multiruns/<sweep>
+    result = report_cli(runs, metrics, log_dir=tmp_path, data_dir=data_dir, blocked=without_torch, cwd=logs)
     assert result.returncode == 0, result.stderr[-3000:]
     out = only_run_dir(tmp_path, "report")
     assert f"Wrote {out / 'report.md'}" in result.stdout + result.stderr
@@ -89,12 +90,11 @@ def test_a_report_of_two_sweeps_and_a_run_tabulates_and_plots_them_without_torch
         picture = (out / f"{name}.png").read_bytes()
         assert picture.startswith(PNG) and len(picture) > 1000, name
 
-    # One row per run, the jobs of each sweep by number, then the run; the numbers are the runs' own.
-    sweep_dirs = sorted((sweeps / "train" / "multiruns").iterdir())
-    jobs = [job for sweep in sweep_dirs for job in (sweep / "0", sweep / "1")]
+    # One row per run, the sweep's jobs by number, then the run; the numbers are the runs' own.
+    jobs = [sweep / str(number) for number in range(4)]
     rows = read_csv(out / "report.csv")
     assert [Path(row["path"]) for row in rows] == [*jobs, digits_run]
-    assert [row["source"] for row in rows] == [*(job.parent.name for job in jobs), ""]
+    assert [row["source"] for row in rows] == [sweep.name] * 4 + [""]
     for row in rows:
         record = json.loads((Path(row["path"]) / "run.json").read_text())
         assert row["status"] == "completed"
@@ -109,15 +109,15 @@ def test_a_report_of_two_sweeps_and_a_run_tabulates_and_plots_them_without_torch
     assert {"seed", "model.net._target_", "trainer.limit_train_batches"} <= set(rows[0])
     assert not [key for key in rows[0] if key.startswith(("paths.", "logger.")) or "dirpath" in key]
 
-    # Each sweep is one variant repeated over two seeds; its statistics are those of its jobs' results.
+    # Each net is one variant repeated over two seeds; its statistics are those of its jobs' results.
     variants = read_csv(out / "variants.csv")
     assert sorted((row["n"], row["not_completed"], row["seed"]) for row in variants) == [
         ("1", "0", "42"),
         ("2", "0", "1 2"),
         ("2", "0", "1 2"),
     ]
-    for sweep in sweep_dirs:
-        results = [json.loads((job / "result.json").read_text()) for job in (sweep / "0", sweep / "1")]
+    for variant_jobs in (jobs[:2], jobs[2:]):
+        results = [json.loads((job / "result.json").read_text()) for job in variant_jobs]
         net = next(o for o in results[0]["overrides"] if o.startswith("model/net=")).partition("=")[2]
         (row,) = [row for row in variants if row["seed"] == "1 2" and f".{net}." in row["model.net._target_"]]
         values = [result["metrics"]["val/acc"] for result in results]
@@ -134,9 +134,9 @@ def test_a_report_of_two_sweeps_and_a_run_tabulates_and_plots_them_without_torch
 
 
 def test_a_failed_run_and_a_run_without_a_csv_log_are_listed_with_a_warning(
-    sweeps: Path, without_torch: Path, tmp_path: Path, data_dir: Path
+    sweep: Path, without_torch: Path, tmp_path: Path, data_dir: Path
 ):
-    sweep = shutil.copytree(sorted((sweeps / "train" / "multiruns").iterdir())[0], tmp_path / "sweep")
+    sweep = shutil.copytree(sweep, tmp_path / "sweep", ignore=shutil.ignore_patterns("2", "3"))  # the MLP's
     record = json.loads((sweep / "1" / "run.json").read_text())
     record |= {"status": "failed", "error": "RuntimeError: out of memory", "final_metrics": None}
     (sweep / "1" / "run.json").write_text(json.dumps(record))

@@ -11,14 +11,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from hydra.utils import instantiate
 from PIL import Image
+from torchmetrics.classification import MulticlassAccuracy
 
 from src import api
 from src.data.digit_scenes_datamodule import CLASS_NAMES
 from src.inference import export_formats
+from src.models.task_module import TaskModule
 from src.run.trained_run import TrainedRun, load_model
-from tests.conftest import last_metrics, paths, run_cli
+from tests.conftest import last_metrics, paths
 
 SEGMENTER = "module=src.models.segmenter_module.SegmenterModule"
 
@@ -166,14 +169,9 @@ def test_a_broken_segmenter_export_fails_its_parity_check(
         )
 
 
-MY_SEGMENTER = '''"""A segmenter written on TaskModule: it trains and tests, and says nothing yet for predict and export."""
-import torch.nn.functional as F
-from torchmetrics.classification import MulticlassAccuracy
-
-from src.models.task_module import TaskModule
-
-
 class MySegmenter(TaskModule):
+    """A segmenter written on TaskModule: it trains and tests, and says nothing yet for predict and export."""
+
     task = "segmentation"
 
     def stage_metrics(self, stage):
@@ -183,25 +181,26 @@ class MySegmenter(TaskModule):
     def step(self, batch):
         logits = self(batch[0])
         return F.cross_entropy(logits, batch[1].long()), logits.argmax(dim=1), batch[1]
-'''
 
 
 @pytest.mark.parametrize(
-    ("script", "method"), [("predict", "prediction_writer"), ("export", "output_description")]
+    ("task", "method"), [("predict", "prediction_writer"), ("export", "output_description")]
 )
 def test_a_task_module_without_the_predict_and_export_hooks_is_told_what_to_implement(
-    segment_run: Path, scene_files: Path, tmp_path: Path, data_dir: Path, script: str, method: str
+    segment_run: Path,
+    scene_files: Path,
+    tmp_path: Path,
+    here_for_inference: list[str],
+    task: str,
+    method: str,
 ):
-    (tmp_path / "my_segmenter.py").write_text(MY_SEGMENTER)
-    shutil.copy(
-        segment_run / "checkpoints" / "best.ckpt", tmp_path / "seg.ckpt"
-    )  # it loads this one's weights
-    args = [f"ckpt_path={tmp_path / 'seg.ckpt'}", "module=my_segmenter.MySegmenter", f"inputs={scene_files}"]
-    env = {"PYTHONPATH": str(tmp_path)}  # where a user's own module is found
-    result = run_cli(script, *args, log_dir=tmp_path, data_dir=data_dir, env=env)
-    assert result.returncode != 0
-    line = next(line for line in result.stderr.splitlines() if "MySegmenter does not say" in line)
-    assert f"implement {method}() in it (see TaskModule in src/models/task_module.py)" in line
+    shutil.copy(segment_run / "checkpoints" / "best.ckpt", tmp_path / "seg.ckpt")  # it loads these weights
+    mine = "module=tests.test_segmentation_inference.MySegmenter"  # a user's own class, by its import path
+    args = [f"ckpt_path={tmp_path / 'seg.ckpt'}", mine, f"inputs={scene_files}"]
+    with pytest.raises(NotImplementedError, match=r"^MySegmenter does not say") as refused:
+        getattr(api, task)([*here_for_inference, *args])
+    assert f"implement {method}() in it (see TaskModule in src/models/task_module.py)" in str(refused.value)
+    assert "\n" not in str(refused.value)  # one line
     # Refused before anything was written: no predictions, no artifact beside the checkpoint.
     assert not list(tmp_path.glob("**/predictions.csv")) and [p.name for p in tmp_path.glob("seg.*")] == [
         "seg.ckpt"

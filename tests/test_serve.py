@@ -18,9 +18,10 @@ import pytest
 import requests
 from PIL import Image
 
+from src import api
 from src.inference.serving import answers_for
 from src.models.task_module import TaskModule
-from tests.conftest import ROOT, free_port, only_run_dir, run_cli, start_cli
+from tests.conftest import ROOT, free_port, start_cli
 
 # Seconds until /health answers: LitServe starts its processes and each loads the model (4 s on an idle machine).
 STARTUP_TIMEOUT = 120
@@ -105,18 +106,10 @@ class Server:
         return time.monotonic() - start
 
 
-def predicted(digits_run: Path, digit_files: Path, tmp_path: Path, data_dir: Path) -> dict[str, dict]:
+def predicted(digits_run: Path, digit_files: Path, here_for_inference: list[str]) -> dict[str, dict]:
     """predict's rows for the digit files, by file name."""
-    result = run_cli(
-        "predict",
-        f"run_dir={digits_run}",
-        f"inputs={digit_files}",
-        "top_k=10",
-        log_dir=tmp_path,
-        data_dir=data_dir,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    rows = json.loads((only_run_dir(tmp_path, "predict") / "predictions.json").read_text())
+    run = api.predict([*here_for_inference, f"run_dir={digits_run}", f"inputs={digit_files}", "top_k=10"])
+    rows = json.loads((run.run_dir / "predictions.json").read_text())
     return {Path(row["file"]).name: row for row in rows}
 
 
@@ -131,9 +124,9 @@ def assert_same_as_predict(answers: dict[str, dict], rows: dict[str, dict]) -> N
 
 @pytest.mark.slow
 def test_served_answers_equal_predicts_and_bad_requests_get_a_4xx_then_sigterm_stops_everything(
-    digits_run: Path, digit_files: Path, tmp_path: Path, data_dir: Path
+    digits_run: Path, digit_files: Path, tmp_path: Path, data_dir: Path, here_for_inference: list[str]
 ):
-    rows = predicted(digits_run, digit_files, tmp_path / "predict", data_dir)
+    rows = predicted(digits_run, digit_files, here_for_inference)
     server = Server(
         tmp_path, data_dir, f"run_dir={digits_run}", "max_body_bytes=100000", "max_image_pixels=10000"
     )
@@ -175,9 +168,9 @@ def test_served_answers_equal_predicts_and_bad_requests_get_a_4xx_then_sigterm_s
 
 @pytest.mark.slow
 def test_batched_answers_equal_predicts_and_ctrl_c_stops_everything(
-    digits_run: Path, digit_files: Path, tmp_path: Path, data_dir: Path
+    digits_run: Path, digit_files: Path, tmp_path: Path, data_dir: Path, here_for_inference: list[str]
 ):
-    rows = predicted(digits_run, digit_files, tmp_path / "predict", data_dir)
+    rows = predicted(digits_run, digit_files, here_for_inference)
     overrides = ["max_batch_size=4", "batch_timeout=0.5", "workers=2"]
     server = Server(tmp_path, data_dir, f"run_dir={digits_run}", *overrides)
     try:
@@ -212,7 +205,7 @@ def test_a_task_module_that_cannot_serve_says_so_in_one_line():
 def test_the_load_script_reports_both_servers_figures(digits_run: Path, tmp_path: Path):
     output = tmp_path / "load.json"
     command = [sys.executable, "scripts/serve_load.py", "--run-dir", str(digits_run), "--clients", "2"]
-    command += ["--seconds", "1", "--batch-size", "4", "--output", str(output)]
+    command += ["--seconds", "0.5", "--batch-size", "4", "--output", str(output)]  # as short as it measures
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "batching on / off:" in result.stdout
@@ -226,7 +219,9 @@ def test_the_load_script_reports_both_servers_figures(digits_run: Path, tmp_path
 
 # part: segmentation
 @pytest.mark.slow
-def test_a_served_segmenter_answers_predicts_masks(segment_run: Path, tmp_path: Path, data_dir: Path):
+def test_a_served_segmenter_answers_predicts_masks(
+    segment_run: Path, tmp_path: Path, data_dir: Path, here_for_inference: list[str]
+):
     from hydra.utils import instantiate
 
     config = json.loads((segment_run / "run.json").read_text())["config"]["data"]
@@ -236,18 +231,15 @@ def test_a_served_segmenter_answers_predicts_masks(segment_run: Path, tmp_path: 
     files.mkdir()
     Image.fromarray(scene).save(files / "scene.png")
     Image.fromarray(scene).resize((70, 50)).save(files / "wide.png")  # answered at its own size
-    result = run_cli(
-        "predict", f"run_dir={segment_run}", f"inputs={files}", log_dir=tmp_path, data_dir=data_dir
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    rows = json.loads((only_run_dir(tmp_path, "predict") / "predictions.json").read_text())
+    out = api.predict([*here_for_inference, f"run_dir={segment_run}", f"inputs={files}"]).run_dir
+    rows = json.loads((out / "predictions.json").read_text())
     server = Server(tmp_path / "serve", data_dir, f"run_dir={segment_run}")
     try:
         for row in rows:
             answer = server.predict(json=encoded(Path(row["file"])))
             assert answer.status_code == 200, answer.text
             served = Image.open(io.BytesIO(base64.b64decode(answer.json()["mask_png"])))
-            with Image.open(only_run_dir(tmp_path, "predict") / row["mask"]) as written:
+            with Image.open(out / row["mask"]) as written:
                 assert np.array_equal(np.asarray(served), np.asarray(written)), row["file"]
             assert (answer.json()["height"], answer.json()["width"]) == (row["height"], row["width"])
             assert len(answer.json()["class_names"]) == len(row["class_shares"])
