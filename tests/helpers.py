@@ -26,20 +26,6 @@ class InterruptAtStep(L.Callback):
             raise KeyboardInterrupt
 
 
-# part: streaming
-class KillAtStep(L.Callback):
-    """Kills its own process with SIGKILL (no handler runs, nothing is saved on the way out) after the
-    optimizer step $KILL_AT_STEP, if that is set: a machine lost mid-epoch, at a step the test chooses."""
-
-    def on_train_batch_end(self, trainer: L.Trainer, *args, **kwargs) -> None:
-        step = os.environ.get("KILL_AT_STEP")
-        if step is not None and trainer.global_step == int(step):
-            os.kill(os.getpid(), signal.SIGKILL)
-
-
-# /part
-
-
 # part: pretrained
 class RecordWeights(L.Callback):
     """Keeps the module's state after every optimizer step and saves the list to `path` when training ends:
@@ -85,6 +71,8 @@ class SnapshotCheckpointIO(AtomicCheckpointIO):
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
         super().save_checkpoint(checkpoint, path, storage_options)
+        if Path(path).parent.name != "checkpoints":  # ddp_fork's weights for its main process, in /tmp/tmp*/
+            return
         taken = len(list(self.folder.glob("*"))) if self.folder.exists() else 0
         logs = shutil.ignore_patterns("csv", "*.log")
         shutil.copytree(Path(path).parent.parent, self.folder / f"{taken:03d}", ignore=logs)

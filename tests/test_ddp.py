@@ -10,7 +10,7 @@ from src import api
 from tests.conftest import ROOT, assert_single_run_dir, last_metrics, run_cli
 from tests.test_tracking import wandb_records, wandb_run
 
-TINY = ["data=digits", "model/net=mlp", "trainer.max_epochs=2"]
+TINY = ["data=digits", "model/net=mlp", "trainer.max_epochs=1"]
 
 
 @pytest.mark.slow

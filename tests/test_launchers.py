@@ -1,4 +1,4 @@
-"""Scaling out by override only: torchrun on one node and on two, a SLURM job's requeue, the ranks' files.
+"""Scaling out by override only: torchrun on two nodes, a SLURM job's requeue, the ranks' files.
 And the cluster launchers: SLURM and local jobs through submitit.  [part: cluster]
 However many processes a run has, it writes one run directory, from global rank 0."""
 
@@ -23,9 +23,9 @@ from tests.test_mlflow import mlflow_runs  # [part: mlflow]
 
 TINY = ["data=digits", "model/net=mlp", "trainer.max_epochs=1"]
 CPU_DDP = ["trainer=ddp", "trainer.accelerator=cpu", *TINY]
-LOGGERS: list[str] = []  # of the one-node run
+LOGGERS: list[str] = []  # of the torchrun run
 # part: mlflow
-# The one-node run also logs to MLflow: both ranks open its new store, rank 0 alone logs.
+# The torchrun run also logs to MLflow: both ranks open its new store, rank 0 alone logs.
 LOGGERS += ["logger=[csv,mlflow]"]
 # /part
 # What sbatch gives the one task of job 4242.
@@ -54,27 +54,27 @@ def weights(run_dir: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.slow
-def test_torchrun_on_one_node_or_two_trains_the_same_model(tmp_path: Path, data_dir: Path):
-    # torchrun --nproc_per_node=2 src/train.py trainer=ddp trainer.accelerator=cpu trainer.devices=2
-    one_node = ["--nproc_per_node=2", f"--master_port={free_port()}"]
-    torchrun_train(tmp_path / "one_node", data_dir, [one_node], "trainer.devices=2", *LOGGERS)
-    (one_node_run,) = (tmp_path / "one_node" / "train" / "runs").iterdir()  # not one per rank
+def test_torchrun_on_two_nodes_trains_the_model_two_ranks_on_one_node_train(
+    tmp_path: Path, data_dir: Path, here: list[str]
+):
+    # Two "nodes" on localhost, one process each: torchrun --nnodes=2 --node_rank=0|1 ... (on one node:
+    # torchrun --nproc_per_node=2 src/train.py trainer=ddp trainer.accelerator=cpu trainer.devices=2).
+    two, port = tmp_path / "two_nodes", free_port()
+    two_nodes = [["--nnodes=2", f"--node_rank={rank}", f"--master_port={port}"] for rank in (0, 1)]
+    outputs = torchrun_train(two, data_dir, two_nodes, "trainer.devices=1", "trainer.num_nodes=2", *LOGGERS)
+    assert "GLOBAL_RANK: 1, MEMBER: 2/2" in outputs[1]
+    # Written by global rank 0 alone: node 1's process is its node's local rank 0.
+    (run_dir,) = (two / "train" / "runs").iterdir()  # not one per rank
+    assert_single_run_dir(run_dir)
     # part: mlflow
-    _, (run,) = mlflow_runs(tmp_path / "one_node", "train")  # both ranks opened the new store; one run
+    _, (run,) = mlflow_runs(two, "train")  # both ranks opened the new store; one run
     assert run.info.status == "FINISHED" and run.data.params["run/world_size"] == "2"
     assert {"val/acc", "test/acc"} <= set(run.data.metrics)
     # /part
-
-    # Two "nodes" on localhost, one process each: torchrun --nnodes=2 --node_rank=0|1 ...
-    two, port = tmp_path / "two_nodes", free_port()
-    two_nodes = [["--nnodes=2", f"--node_rank={rank}", f"--master_port={port}"] for rank in (0, 1)]
-    outputs = torchrun_train(two, data_dir, two_nodes, "trainer.devices=1", "trainer.num_nodes=2")
-    assert "GLOBAL_RANK: 1, MEMBER: 2/2" in outputs[1]
-    # Written by global rank 0 alone: node 1's process is its node's local rank 0.
-    (run_dir,) = (two / "train" / "runs").iterdir()
-    assert_single_run_dir(run_dir)
-    # torchrun and the tests give each process one thread (OMP_NUM_THREADS): the same float operations.
-    one, other = weights(one_node_run), weights(run_dir)
+    # Two ranks on one node, forked from this process (Lightning's ddp_fork), train the same model: torchrun
+    # and the tests give each process one thread (OMP_NUM_THREADS), so the same float operations.
+    one_node = api.train([*here, *CPU_DDP, "trainer.devices=2", "trainer.strategy=ddp_fork"]).run_dir
+    one, other = weights(one_node), weights(run_dir)
     assert one.keys() == other.keys() and all(torch.equal(one[name], other[name]) for name in one)
 
 

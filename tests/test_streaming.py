@@ -28,11 +28,9 @@ from src.run.checkpoints import load_checkpoint
 from src.run.trained_run import TrainedRun, load_model  # [part: predict, folders]
 from tests import conftest  # [part: folders]
 from tests import test_segmentation_folder as segmentation_folder  # [part: segmentation, folders]
-from tests.conftest import ROOT, ObjectStore, built_once, only_run_dir, run_cli, start_cli
+from tests.conftest import ObjectStore, built_once, run_cli
 from tests.test_object_store import as_user
 from tests.test_resume import STEP_SAVES, assert_same_outcome, outcome
-
-WITH_TESTS = {"PYTHONPATH": str(ROOT)}  # so that Hydra finds the test callbacks below
 
 
 def shard(*overrides: str, output: Path | str, data_dir: Path) -> str:
@@ -339,31 +337,27 @@ EXACT = ["data=streaming", "model/net=mlp", "trainer.max_epochs=2", "trainer.det
 
 @pytest.mark.slow
 def test_two_ranks_share_out_every_sample_once_and_a_run_killed_mid_epoch_resumes_to_the_same_weights(
-    digit_shards: Path, tmp_path: Path, data_dir: Path
+    digit_shards: Path, here: list[str], tmp_path: Path
 ):
     """Killed 3 steps after the checkpoint of step 25 and run again, each rank is given the rest of the epoch
     the uninterrupted run's rank had (the checkpoint holds rank 0's loader state alone): the same end."""
-    common = [*EXACT, f"data.input_dir={digit_shards}", "trainer=ddp_sim"]
-    common += ["model/scheduler=warmup_cosine", "model.scheduler.warmup_steps=5"]  # [part: pretrained]
-    common += [
+    # Two ranks forked from this process (Lightning's ddp_fork): what is tested is the shards' loader under
+    # DDP, not the launch (tests/test_ddp.py's). A kill leaves the files as the last finished checkpoint
+    # write left them (tests/test_resume.py kills real processes): a copy of the run after each write.
+    moments = tmp_path / "moments"
+    snapshots = f"trainer.plugins=[{{_target_:tests.helpers.SnapshotCheckpointIO,folder:'{moments}'}}]"
+    fork = ["trainer=ddp_sim", "trainer.strategy=ddp_fork", snapshots, "run_name=killed"]
+    command = [*here, *EXACT, f"data.input_dir={digit_shards}", *fork]
+    command += ["model/scheduler=warmup_cosine", "model.scheduler.warmup_steps=5"]  # [part: pretrained]
+    command += [
         "callbacks.last_checkpoint.every_n_train_steps=5",
         "callbacks.model_checkpoint.every_n_train_steps=7",
-        "+callbacks.kill._target_=tests.helpers.KillAtStep",
         "+callbacks.record._target_=tests.test_streaming.RecordSamples",
         "+callbacks.record.folder=${paths.output_dir}/samples",
         "+callbacks.record.epoch=1",
     ]
-    straight = start_cli(
-        "train", *common, log_dir=tmp_path / "straight", data_dir=data_dir, output=tmp_path / "s.out",
-        env=WITH_TESTS,
-    )  # fmt: skip
-    killed = start_cli(
-        "train", *common, "run_name=killed", log_dir=tmp_path, data_dir=data_dir, output=tmp_path / "k.out",
-        env=WITH_TESTS | {"KILL_AT_STEP": "28"},
-    )  # fmt: skip
-    assert killed.wait(timeout=300) != 0 and straight.wait(timeout=300) == 0
-    straight_dir = only_run_dir(tmp_path / "straight")
-    whole = [json.loads((straight_dir / "samples" / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    run_dir = api.train(command).run_dir
+    whole = [json.loads((run_dir / "samples" / f"rank{rank}.json").read_text()) for rank in (0, 1)]
     # Each rank 20 batches of 32 (the global 64 split in two): 1280 of the 1297 training digits, none twice.
     assert [len(rank["seen"]) for rank in whole] == [640, 640]
     every = Counter(digest(image) for image, _ in stored(digit_shards, "train"))
@@ -371,17 +365,19 @@ def test_two_ranks_share_out_every_sample_once_and_a_run_killed_mid_epoch_resume
     assert not seen - every  # no sample more often than the shards hold it: the ranks' shares are disjoint
     assert every.total() - seen.total() == 17 < 2 * 32  # what drop_last leaves out: under a batch a rank
     # The run's length was known before it started (from the shards' index), and was its length.
-    checkpoint = load_checkpoint(straight_dir / "checkpoints" / "last.ckpt")
+    checkpoint = load_checkpoint(run_dir / "checkpoints" / "last.ckpt")
     assert whole[0]["planned_steps"] == whole[1]["planned_steps"] == checkpoint["global_step"] == 2 * 20
     assert checkpoint["lr_schedulers"][0]["total_steps"] == 40  # [part: pretrained]
 
-    run_dir = tmp_path / "train" / "runs" / "killed"
-    assert load_checkpoint(run_dir / "checkpoints" / "last.ckpt")["global_step"] == 25
-    resumed = run_cli(
-        "train", *common, "run_name=killed", log_dir=tmp_path, data_dir=data_dir, env=WITH_TESTS
+    straight = outcome(run_dir)
+    kills = sorted(moments.iterdir())
+    step_25 = next(
+        kill for kill in kills if load_checkpoint(kill / "checkpoints" / "last.ckpt")["global_step"] == 25
     )
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "Resuming run killed (stopped running)" in resumed.stdout + resumed.stderr
+    shutil.rmtree(run_dir)
+    shutil.copytree(step_25, run_dir)  # the files as the write of step 25 left them (the next write: step 28)
+    api.train(command)
+    assert "Resuming run killed (stopped running)" in (run_dir / "train.log").read_text()
     done = 25 - 20  # the steps of epoch 1 before the checkpoint
     for rank in (0, 1):
         after = json.loads((run_dir / "samples" / f"rank{rank}.json").read_text())["seen"]
@@ -390,7 +386,7 @@ def test_two_ranks_share_out_every_sample_once_and_a_run_killed_mid_epoch_resume
     # The same final and best weights, files, validation and test metrics, and the checkpoint tested. Not the
     # training metrics of the resumed epoch: a checkpoint holds rank 0's running sums alone, which both
     # ranks then continue from (docs/reliability.md).
-    (got, weights), (expected, expected_weights) = outcome(run_dir), outcome(straight_dir)
+    (got, weights), (expected, expected_weights) = outcome(run_dir), straight
     for facts in (got, expected):
         facts["metrics"] = {k: v for k, v in facts["metrics"].items() if not k.startswith("train/")}
     assert got == expected
@@ -491,7 +487,7 @@ def test_the_streaming_benchmark_runs_in_tiny_mode_and_stops_its_s3_server(tmp_p
     Speed itself is never asserted: the script prints ratios measured in one run."""
     output = tmp_path / "bench.json"
     command = [sys.executable, "scripts/benchmark_streaming.py", "--tiny", "--output", str(output)]
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(command, cwd=conftest.ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Training loader alone" in result.stdout and str(output) in result.stdout
 
