@@ -202,6 +202,7 @@ def test_a_task_module_that_cannot_serve_says_so_in_one_line():
 
 
 @pytest.mark.slow
+@pytest.mark.matrix  # a maintainers' check, as the other benchmarks': make test-parts (CI) runs it  [part: template]
 def test_the_load_script_reports_both_servers_figures(digits_run: Path, tmp_path: Path):
     output = tmp_path / "load.json"
     command = [sys.executable, "scripts/serve_load.py", "--run-dir", str(digits_run), "--clients", "2"]
