@@ -14,12 +14,12 @@ from hydra.utils import instantiate
 from nbclient import NotebookClient
 
 from src import api
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT
 
 DIGITS_MLP = ["data=digits", "model/net=mlp", "trainer.max_epochs=2"]
 
 
-def test_train_from_python_is_the_command_lines_run(here: list[str], tmp_path: Path, data_dir: Path):
+def test_train_from_python_records_the_command_lines_run(here: list[str], tmp_path: Path):
     run = api.train([*here, *DIGITS_MLP, "run_name=python"])
     record = json.loads((run.run_dir / "run.json").read_text())
     assert run.run_dir == tmp_path / "train" / "runs" / "python"
@@ -27,20 +27,14 @@ def test_train_from_python_is_the_command_lines_run(here: list[str], tmp_path: P
     python = Path(sys.executable).name
     assert record["command"] == f"{python} src/train.py {' '.join([*here, *DIGITS_MLP])} run_name=python"
     assert (run.run_dir / "train.log").is_file() and (run.run_dir / ".hydra" / "overrides.yaml").is_file()
-
-    # The same overrides on the command line give the same test metrics.
-    done = run_cli("train", *DIGITS_MLP, "run_name=cli", log_dir=tmp_path, data_dir=data_dir)
-    assert done.returncode == 0, done.stderr[-3000:]
-    cli = json.loads((tmp_path / "train" / "runs" / "cli" / "run.json").read_text())["final_metrics"]
-    tested = {name: value for name, value in run.metrics.items() if name.startswith("test/")}
-    assert {name: value for name, value in cli.items() if name.startswith("test/")} == tested
+    # The command line gives the same test metrics for the same overrides: the README's walk (test_train.py).
 
 
 def test_runs_in_one_process_do_not_leak_into_each_other(here: list[str]):
     """The same metrics twice; no run leaves its variables (PL_GLOBAL_SEED) or log handlers to the next, and
     a failing run raises its error."""
     environment, handlers = dict(os.environ), list(logging.getLogger().handlers)
-    first, second = (api.train([*here, *DIGITS_MLP, "seed=7"]) for _ in range(2))
+    first, second = (api.train([*here, *DIGITS_MLP, "seed=0"]) for _ in range(2))  # 0 is a seed too
     assert first.run_dir != second.run_dir and first.metrics == second.metrics
     with pytest.raises(ValueError, match=r"trainer.max_epochs='ten' is not valid"):
         api.train([*here, *DIGITS_MLP, "trainer.max_epochs=ten"])

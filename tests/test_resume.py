@@ -22,7 +22,7 @@ from src.callbacks.interrupt_checkpoint import InterruptCheckpoint
 from src.callbacks.last_checkpoint import LastCheckpoint
 from src.run.checkpoints import load_checkpoint
 from src.run.resume import plan_resume
-from tests.conftest import run_cli, start_cli
+from tests.conftest import start_cli
 from tests.helpers import InterruptAtStep, StopAt
 from tests.test_tracking import wandb_records
 
@@ -317,11 +317,9 @@ def test_a_run_killed_from_outside_resumes_to_the_same_end_and_eval_tests_the_sa
     api.train([*here, *common, "run_name=killed"])  # the same command again
     assert_same_outcome(killed, outcome(reference), f"killed with {left}")
     # What `python src/eval.py run_dir=...` then reports: the test metrics the run recorded, of the same model.
-    evaluation = run_cli("eval", f"run_dir={killed}", log_dir=tmp_path / "eval", data_dir=data_dir)
-    assert evaluation.returncode == 0, evaluation.stderr[-3000:]
-    (eval_dir,) = (tmp_path / "eval" / "eval" / "runs").iterdir()
-    assert record(eval_dir)["final_metrics"]["test/acc"] == record(reference)["final_metrics"]["test/acc"]
-    assert record(eval_dir)["tested_checkpoint"] == str(killed / "checkpoints" / "best.ckpt")
+    evaluation = api.evaluate([*here, f"run_dir={killed}"])
+    assert evaluation.metrics["test/acc"] == record(reference)["final_metrics"]["test/acc"]
+    assert record(evaluation.run_dir)["tested_checkpoint"] == str(killed / "checkpoints" / "best.ckpt")
 
 
 @pytest.mark.slow

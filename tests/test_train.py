@@ -1,7 +1,11 @@
 """End to end as the README tells users to run it: through src.api, which runs a task as `python src/<task>.py`
 does, and through the real command line where the command line itself is what is tested."""
 
+import contextlib
+import os
 import re
+import shlex
+import shutil  # [part: predict]
 import subprocess
 import sys
 import tomllib
@@ -12,7 +16,7 @@ import torch
 from hydra.errors import MissingConfigException
 
 from src import api
-from tests.conftest import ONE_BATCH, ROOT, cli_env, last_metrics, only_run_dir, run_cli, run_python
+from tests.conftest import ONE_BATCH, ROOT, cli_env, last_metrics, only_run_dir, run_python
 
 DIGITS_MLP = ["data=digits", "model/net=mlp"]
 # Packages only some runs need (each costs a second or more at import): --help, config printing and the default
@@ -33,40 +37,94 @@ def split_import_report(stderr: str) -> tuple[set[str], str]:
     return modules, re.sub(r"^import time:.*\n", "", stderr, flags=re.MULTILINE)
 
 
-def test_a_fast_dev_run_from_another_directory_trains_validates_and_tests(tmp_path: Path, data_dir: Path):
-    fdr = ["debug=fdr", "seed=0"]
-    result = run_cli("train", *fdr, log_dir=tmp_path, data_dir=data_dir, cwd=tmp_path, env=LIST_IMPORTS)
-    assert result.returncode == 0, result.stderr[-3000:]
-    # fast_dev_run turns the loggers off; the run's log file still has the final metrics.
-    final = re.search(r"Final metrics: (.*)", (only_run_dir(tmp_path, "debug") / "debug.log").read_text())[1]
-    assert {"test/acc", "val/acc", "train/loss"} <= {item.split("=")[0] for item in final.split(", ")}
-    modules, stderr = split_import_report(result.stderr)
-    assert not modules & OPTIONAL_IMPORTS
-    console = result.stdout + stderr
-    assert "Seed set to 0" in console  # seed=0 is a seed, not "no seed"
-    assert not (tmp_path / "outputs").exists()  # Hydra's own default dir is not used
-    # No warning a user cannot act on: Lightning's about a "last" checkpoint a new run has not got, its tip to
-    # install litlogger, torch's LeafSpec deprecation (src/run/extras.py).
-    assert not re.search("ckpt_path|litlogger|LeafSpec", console), console[-3000:]
+# The README a project has, whose commands the walk below runs.
+README = ROOT / "README.md"
+README = (
+    ROOT / "scripts" / "project_readme.md"
+)  # [part: template] generation makes it the project's README.md
+TWO_BATCHES = [f"++trainer.limit_{stage}_batches=2" for stage in ("train", "val", "test")]
 
 
-@pytest.mark.parametrize(
-    ("task", "question", "answer"), [("train", "--help", "== Config =="), ("eval", "--cfg=job", "ckpt_path:")]
-)
-def test_the_installed_commands_answer_from_any_directory_without_optional_imports(
-    tmp_path: Path, task: str, question: str, answer: str
+def readme_commands() -> list[str]:
+    """The `python src/...` lines of the README's ```bash blocks, in their order, without their comments."""
+    blocks = re.findall(r"^```bash\n(.*?)^```", README.read_text(), re.MULTILINE | re.DOTALL)
+    lines = [re.sub(r"\s+#.*", "", line) for block in blocks for line in block.splitlines()]
+    return [line for line in lines if line.startswith("python src/")]
+
+
+@pytest.mark.slow
+def test_the_readmes_commands_run_one_after_another_as_the_shell_runs_them(
+    tmp_path: Path,
+    data_dir: Path,
+    digit_files: Path,  # [part: predict]
 ):
-    """`make install` installs <project name>-<task> commands (pyproject.toml's [project.scripts])."""
+    """Each command of the README in its order, started in another folder: `logs/` and `images/` are that
+    folder's, `<run>` its newest training run. The first command of each entry point, and each with a flag
+    (`-m`, `--help`), runs in a shell with the project's venv; the others, which differ from it only by their
+    overrides, run the same overrides through src.api (this test shows that it gives the command's metrics).
+    The walk adds its data folder and, to training runs, a cut to two batches of each stage."""
+    commands = readme_commands()
+    assert [command for command in commands if command.startswith("python src/eval.py run_dir=")]
+    shutil.copytree(digit_files, tmp_path / "images")  # [part: predict]
+    venv = {"PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", **LIST_IMPORTS}  # as activated
+    in_python = {"train": api.train, "eval": api.evaluate}
+    in_python |= {"predict": api.predict, "export": api.export}  # [part: predict]
+    runs, first, shelled = tmp_path / "logs" / "train" / "runs", None, set()
+    for command in commands:
+        if "<run>" in command:
+            command = command.replace("<run>", max(runs.iterdir()).name)  # names sort by their start time
+        task, overrides = (
+            command.split()[1].removeprefix("src/").removesuffix(".py"),
+            shlex.split(command)[2:],
+        )
+        added = [
+            f"paths.log_dir={tmp_path / 'logs'}",
+            f"paths.data_dir={data_dir}",
+            "extras.print_config=false",
+        ]
+        added += TWO_BATCHES if task == "train" else []
+        added += ["logger=csv"] if task in ("train", "eval") and "logger=" not in command else []
+        if task in shelled and task in in_python and not any(word.startswith("-") for word in overrides):
+            with contextlib.chdir(tmp_path):
+                in_python[task]([*overrides, *added])
+            continue
+        shelled.add(task)
+        line = f"{command.replace('src/', f'{ROOT}/src/', 1)} {shlex.join(added)}"
+        done = subprocess.run(
+            line, shell=True, cwd=tmp_path, env=cli_env(**venv), capture_output=True, text=True
+        )
+        assert done.returncode == 0, f"{command}\n{done.stderr[-3000:]}"
+        modules, stderr = split_import_report(done.stderr)
+        if task in ("train", "eval"):
+            assert not modules & OPTIONAL_IMPORTS, command
+        if task == "train" and "--help" not in command:
+            # No warning a user cannot act on: Lightning's about a "last" checkpoint a new run has not got,
+            # its tip to install litlogger, torch's LeafSpec deprecation (src/run/extras.py).
+            assert not re.search("ckpt_path|litlogger|LeafSpec", done.stdout + stderr), command
+        if first is None and runs.exists():
+            first = (min(runs.iterdir()), [*overrides, *added])
+    assert shelled >= {"train", "eval"} and not (tmp_path / "outputs").exists()  # not Hydra's own default dir
+
+    # The first training command again, from Python with the same overrides: the same test metrics.
+    run_dir, overrides = first
+    tested = {k: v for k, v in last_metrics(run_dir).items() if k.startswith("test/")}
+    again = api.train([*overrides, "run_name=again"]).metrics
+    assert {k: v for k, v in again.items() if k.startswith("test/")} == tested
+
+
+def test_an_installed_command_answers_from_any_directory_without_optional_imports(tmp_path: Path):
+    """`make install` installs <project name>-<task> commands (pyproject.toml's [project.scripts]); eval's,
+    asked for its config with wandb chosen, answers without running anything or importing wandb."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    script = Path(sys.executable).parent / f"{project['name']}-{task}"
-    assert project["scripts"][script.name] == f"src.{task}:main"
-    command = [script, question, "logger=wandb", f"paths.log_dir={tmp_path}"]
+    script = Path(sys.executable).parent / f"{project['name']}-eval"
+    assert project["scripts"][script.name] == "src.eval:main"
+    command = [script, "--cfg=job", "logger=wandb", f"paths.log_dir={tmp_path}"]
     env = cli_env(**LIST_IMPORTS)
     result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert answer in result.stdout and f"task_name: {task}" in result.stdout
+    assert "ckpt_path:" in result.stdout and "task_name: eval" in result.stdout
     assert not split_import_report(result.stderr)[0] & OPTIONAL_IMPORTS
-    assert not list(tmp_path.iterdir())  # answered without running anything
+    assert not list(tmp_path.iterdir())
 
 
 def test_early_stopping_says_in_one_line_when_and_why_it_ended_training(here: list[str]):
