@@ -191,6 +191,7 @@ def test_the_environment_says_the_rank_and_the_slurm_job(monkeypatch, tmp_path: 
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: run the script itself")
+@pytest.mark.slow  # a process that imports torch
 def test_gpu_smoke_script_says_it_needs_a_gpu():
     script, env = ROOT / "scripts" / "gpu_smoke.sh", {**os.environ, "PY": sys.executable}
     result = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)

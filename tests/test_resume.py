@@ -44,6 +44,7 @@ def record(run_dir: Path) -> dict:
 # --- a named run continues where it stopped, with the same config, until it is done ---
 
 
+@pytest.mark.slow  # wandb starts its service
 def test_a_named_run_continues_with_the_same_command_until_it_is_done(here: list[str], tmp_path: Path):
     common = [*here, "debug=limit", "data=digits", "model/net=mlp", "run_name=exp"]
     common += ["+callbacks.interrupt._target_=tests.helpers.InterruptAtStep"]

@@ -91,6 +91,7 @@ def many_loggers_run(tmp_path_factory: pytest.TempPathFactory, data_dir: Path) -
     return only_run_dir(log_dir)
 
 
+@pytest.mark.slow  # many_loggers_run is a command
 def test_wandb_gets_a_recognisable_name_the_resolved_config_and_the_metrics(many_loggers_run: Path):
     wandb = wandb_run(many_loggers_run)
     # The job's overrides in order, without where files go (paths.*) and the tests' own settings.
@@ -116,6 +117,7 @@ def test_wandb_gets_a_recognisable_name_the_resolved_config_and_the_metrics(many
     # /part
 
 
+@pytest.mark.slow  # many_loggers_run is a command
 def test_tensorboard_event_files_hold_what_the_run_logged(many_loggers_run: Path):
     (events_dir,) = {p.parent for p in (many_loggers_run / "tensorboard").glob("**/events.out.tfevents.*")}
     events = EventAccumulator(str(events_dir), size_guidance={"images": 0, "scalars": 0})
@@ -130,6 +132,7 @@ def test_tensorboard_event_files_hold_what_the_run_logged(many_loggers_run: Path
     # /part
 
 
+@pytest.mark.slow  # many_loggers_run is a command
 def test_the_run_record_says_what_ran_from_which_code_and_how_it_ended(many_loggers_run: Path):
     record = json.loads((many_loggers_run / "run.json").read_text())
     git = git_state(ROOT)

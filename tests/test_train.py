@@ -37,11 +37,9 @@ def split_import_report(stderr: str) -> tuple[set[str], str]:
     return modules, re.sub(r"^import time:.*\n", "", stderr, flags=re.MULTILINE)
 
 
-# The README a project has, whose commands the walk below runs.
+# The README a project has, whose commands the walk below runs (the template's: the one generation gives it).
 README = ROOT / "README.md"
-README = (
-    ROOT / "scripts" / "project_readme.md"
-)  # [part: template] generation makes it the project's README.md
+README = ROOT / "scripts" / "project_readme.md"  # [part: template]
 TWO_BATCHES = [f"++trainer.limit_{stage}_batches=2" for stage in ("train", "val", "test")]
 
 

@@ -26,6 +26,7 @@ def logged(job_dir: Path, name: str) -> list[float]:
         return [float(row[name]) for row in csv.DictReader(file) if row.get(name)]
 
 
+@pytest.mark.slow
 def test_one_override_of_the_watched_metric_changes_every_consumer(tmp_path: Path, data_dir: Path):
     # A sweep (-m): the jobs return their best value and the summary orders them. Job 0's learning rate is the
     # worse one: listed first, it must move down for the summary to be by loss.
