@@ -107,13 +107,13 @@ def ema_of(
     return average
 
 
-def fit_boring_model(callback: L.Callback, tmp_path: Path) -> tuple[dict, list[dict[str, torch.Tensor]]]:
-    """Lightning's BoringModel fitted for 8 steps with `callback`: its weights after fit (the average, with an
+def fit_boring_model(*callbacks: L.Callback, tmp_path: Path) -> tuple[dict, list[dict[str, torch.Tensor]]]:
+    """Lightning's BoringModel fitted for 8 steps with `callbacks`: its weights after fit (the average, with an
     averaging callback) and the raw weights after every step."""
     L.seed_everything(0)
     record = RecordWeights(str(tmp_path / "weights_by_step.pt"))
     trainer = L.Trainer(
-        max_steps=8, callbacks=[callback, record], accelerator="cpu", logger=False, limit_val_batches=0,
+        max_steps=8, callbacks=[*callbacks, record], accelerator="cpu", logger=False, limit_val_batches=0,
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
     )  # fmt: skip
     module = BoringModel()
@@ -137,7 +137,7 @@ def test_the_decay_warms_up_to_its_value(compose_cfg, tmp_path: Path):
         [1 / 2, 2 / 3, 3 / 4]
     )
 
-    average, steps = fit_boring_model(warmed, tmp_path)
+    average, steps = fit_boring_model(warmed, tmp_path=tmp_path)
     for name, value in ema_of(steps, 0.6, WARMUP_FRACTION, prefix="layer.").items():
         torch.testing.assert_close(average[name], value, rtol=1e-6, atol=1e-7)
 
@@ -148,11 +148,35 @@ def test_without_the_warm_up_the_decay_is_constant_as_in_lightnings_ema(compose_
         for v in ("null", "false")
     ]
     assert [callback.warmup_fraction for callback in off] == [None, None]
-    constant, steps = fit_boring_model(off[0], tmp_path)
+    constant, steps = fit_boring_model(off[0], tmp_path=tmp_path)
     for name, value in ema_of(steps, 0.6, None, prefix="layer.").items():
         torch.testing.assert_close(constant[name], value, rtol=1e-6, atol=1e-7)
-    lightnings, _ = fit_boring_model(EMAWeightAveraging(decay=0.6), tmp_path)
+    lightnings, _ = fit_boring_model(EMAWeightAveraging(decay=0.6), tmp_path=tmp_path)
     assert_same_tensors(constant, lightnings)  # the very average Lightning's EMAWeightAveraging makes
+
+
+class SaveAtStep(L.Callback):
+    """Saves a checkpoint at the end of one step, before the callbacks after it in the list have run: as a
+    user's own callback may, ahead of the average's update for that step."""
+
+    def __init__(self, step: int, path: Path) -> None:
+        self.step, self.path = step, path
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args, **kwargs) -> None:
+        if trainer.global_step == self.step:
+            trainer.save_checkpoint(self.path)
+
+
+def test_a_checkpoint_saved_before_the_averages_update_holds_that_steps_update(compose_cfg, tmp_path: Path):
+    early = SaveAtStep(4, tmp_path / "step4.ckpt")
+    _, steps = fit_boring_model(
+        early, ema_callback(compose_cfg, "callbacks.ema.decay=0.6"), tmp_path=tmp_path
+    )
+    saved = load_checkpoint(early.path)
+    assert saved["callbacks"]  # the average's state is in it, with its latest update at step 4
+    for name, value in ema_of(steps[:4], 0.6, WARMUP_FRACTION, prefix="layer.").items():
+        torch.testing.assert_close(saved["state_dict"][name], value, rtol=1e-6, atol=1e-7)
+    assert_same_tensors(saved["current_model_state"], steps[3])  # and the raw weights of that step
 
 
 @pytest.mark.slow

@@ -114,21 +114,36 @@ class _FailsHalfway:
         raise OSError("disk full (simulated)")
 
 
-@pytest.mark.parametrize(("min_seconds", "saved_epochs"), [(0, [0, 1, 2]), (3600, [0, 2])])
-def test_short_epochs_skip_their_latest_state_save_but_never_the_last_one(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, min_seconds: float, saved_epochs: list[int]
+class SavedSteps(L.Callback):
+    """The step of every checkpoint the trainer saves."""
+
+    def __init__(self) -> None:
+        self.steps: list[int] = []
+
+    def on_save_checkpoint(self, trainer: L.Trainer, *args) -> None:
+        self.steps.append(trainer.global_step)
+
+
+@pytest.mark.parametrize(
+    ("latest", "limits", "saved_steps"),
+    [
+        ({}, {"max_epochs": 3}, [2, 4, 6]),  # each epoch's end (2 steps an epoch)
+        ({"min_seconds_between": 3600}, {"max_epochs": 3}, [2, 6]),  # the first and the last epoch's
+        ({"every_n_train_steps": 2}, {"max_steps": 6}, [2, 4, 6]),  # step 6 ends training: saved once
+    ],
+    ids=["every epoch", "short epochs", "last step"],
+)
+def test_the_latest_state_is_saved_at_epoch_ends_and_steps_but_short_epochs_skip_it_and_none_twice(
+    tmp_path: Path, latest: dict, limits: dict, saved_steps: list[int]
 ):
-    saved = []
-    monkeypatch.setattr(
-        L.Trainer, "save_checkpoint", lambda trainer, *a, **k: saved.append(trainer.current_epoch)
-    )
-    latest = LastCheckpoint(str(tmp_path), min_seconds_between=min_seconds)
+    saved = SavedSteps()
     trainer = L.Trainer(
-        max_epochs=3, limit_train_batches=2, limit_val_batches=1, callbacks=[latest], logger=False,
-        enable_progress_bar=False, enable_model_summary=False,
+        **limits, limit_train_batches=2 if "max_epochs" in limits else 4, limit_val_batches=1,
+        callbacks=[LastCheckpoint(str(tmp_path), **latest), saved], logger=False, enable_progress_bar=False,
+        enable_model_summary=False,
     )  # fmt: skip
     trainer.fit(BoringModel())
-    assert saved == saved_epochs
+    assert saved.steps == saved_steps
 
 
 def test_the_trainer_writes_checkpoints_atomically_so_a_failed_write_leaves_the_previous_one(compose_cfg):
