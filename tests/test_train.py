@@ -71,10 +71,9 @@ def test_the_readmes_commands_run_one_after_another_as_the_shell_runs_them(
     for command in commands:
         if "<run>" in command:
             command = command.replace("<run>", max(runs.iterdir()).name)  # names sort by their start time
-        task, overrides = (
-            command.split()[1].removeprefix("src/").removesuffix(".py"),
-            shlex.split(command)[2:],
-        )
+        task = command.split()[1].removeprefix("src/").removesuffix(".py")
+        overrides = shlex.split(command)[2:]
+        flagged = any(word.startswith("-") for word in overrides)  # -m, --help: the command line's own
         added = [
             f"paths.log_dir={tmp_path / 'logs'}",
             f"paths.data_dir={data_dir}",
@@ -82,11 +81,12 @@ def test_the_readmes_commands_run_one_after_another_as_the_shell_runs_them(
         ]
         added += TWO_BATCHES if task == "train" else []
         added += ["logger=csv"] if task in ("train", "eval") and "logger=" not in command else []
-        if task in shelled and task in in_python and not any(word.startswith("-") for word in overrides):
+        if task in shelled and task in in_python and not flagged:
             with contextlib.chdir(tmp_path):
                 in_python[task]([*overrides, *added])
             continue
-        shelled.add(task)
+        if not flagged:
+            shelled.add(task)
         line = f"{command.replace('src/', f'{ROOT}/src/', 1)} {shlex.join(added)}"
         done = subprocess.run(
             line, shell=True, cwd=tmp_path, env=cli_env(**venv), capture_output=True, text=True
@@ -95,12 +95,12 @@ def test_the_readmes_commands_run_one_after_another_as_the_shell_runs_them(
         modules, stderr = split_import_report(done.stderr)
         if task in ("train", "eval"):
             assert not modules & OPTIONAL_IMPORTS, command
-        if task == "train" and "--help" not in command:
+        if task == "train" and not flagged:
             # No warning a user cannot act on: Lightning's about a "last" checkpoint a new run has not got,
             # its tip to install litlogger, torch's LeafSpec deprecation (src/run/extras.py).
             assert not re.search("ckpt_path|litlogger|LeafSpec", done.stdout + stderr), command
-        if first is None and runs.exists():
-            first = (min(runs.iterdir()), [*overrides, *added])
+        if task == "train" and not flagged and first is None:
+            first = (max(runs.iterdir()), [*overrides, *added])  # the run this command made
     assert shelled >= {"train", "eval"} and not (tmp_path / "outputs").exists()  # not Hydra's own default dir
 
     # The first training command again, from Python with the same overrides: the same test metrics.
