@@ -127,9 +127,9 @@ class SavedSteps(L.Callback):
 @pytest.mark.parametrize(
     ("latest", "limits", "saved_steps"),
     [
-        ({}, {"max_epochs": 3}, [2, 4, 6]),  # each epoch's end (2 steps an epoch)
-        ({"min_seconds_between": 3600}, {"max_epochs": 3}, [2, 6]),  # the first and the last epoch's
-        ({"every_n_train_steps": 2}, {"max_steps": 6}, [2, 4, 6]),  # step 6 ends training: saved once
+        ({}, {"max_epochs": 3, "limit_train_batches": 2}, [2, 4, 6]),  # each epoch's end
+        ({"min_seconds_between": 3600}, {"max_epochs": 3, "limit_train_batches": 2}, [2, 6]),  # first, last
+        ({"every_n_train_steps": 2}, {"max_steps": 6, "limit_train_batches": 4}, [2, 4, 6]),  # 6: saved once
     ],
     ids=["every epoch", "short epochs", "last step"],
 )
@@ -138,7 +138,7 @@ def test_the_latest_state_is_saved_at_epoch_ends_and_steps_but_short_epochs_skip
 ):
     saved = SavedSteps()
     trainer = L.Trainer(
-        **limits, limit_train_batches=2 if "max_epochs" in limits else 4, limit_val_batches=1,
+        **limits, limit_val_batches=1,
         callbacks=[LastCheckpoint(str(tmp_path), **latest), saved], logger=False, enable_progress_bar=False,
         enable_model_summary=False,
     )  # fmt: skip
