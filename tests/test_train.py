@@ -16,7 +16,7 @@ import torch
 from hydra.errors import MissingConfigException
 
 from src import api
-from tests.conftest import ONE_BATCH, ROOT, cli_env, last_metrics, only_run_dir, run_python
+from tests.conftest import ONE_BATCH, ROOT, cli_env, last_metrics, only_run_dir, paths, run_python
 
 DIGITS_MLP = ["data=digits", "model/net=mlp"]
 # Packages only some runs need (each costs a second or more at import): --help, config printing and the default
@@ -74,13 +74,10 @@ def test_the_readmes_commands_run_one_after_another_as_the_shell_runs_them(
         task = command.split()[1].removeprefix("src/").removesuffix(".py")
         overrides = shlex.split(command)[2:]
         flagged = any(word.startswith("-") for word in overrides)  # -m, --help: the command line's own
-        added = [
-            f"paths.log_dir={tmp_path / 'logs'}",
-            f"paths.data_dir={data_dir}",
-            "extras.print_config=false",
-        ]
+        # The tests' paths and CSV log (predict, export and report choose no logger; a command may choose one).
+        csv = task in ("train", "eval") and "logger=" not in command
+        added = [o for o in paths(tmp_path / "logs", data_dir) if csv or not o.startswith("logger=")]
         added += TWO_BATCHES if task == "train" else []
-        added += ["logger=csv"] if task in ("train", "eval") and "logger=" not in command else []
         if task in shelled and task in in_python and not flagged:
             with contextlib.chdir(tmp_path):
                 in_python[task]([*overrides, *added])
@@ -99,8 +96,7 @@ def test_the_readmes_commands_run_one_after_another_as_the_shell_runs_them(
             # No warning a user cannot act on: Lightning's about a "last" checkpoint a new run has not got,
             # its tip to install litlogger, torch's LeafSpec deprecation (src/run/extras.py).
             assert not re.search("ckpt_path|litlogger|LeafSpec", done.stdout + stderr), command
-        if task == "train" and not flagged and first is None:
-            first = (max(runs.iterdir()), [*overrides, *added])  # the run this command made
+            first = first or (max(runs.iterdir()), [*overrides, *added])  # the run this command made
     assert shelled >= {"train", "eval"} and not (tmp_path / "outputs").exists()  # not Hydra's own default dir
 
     # The first training command again, from Python with the same overrides: the same test metrics.
