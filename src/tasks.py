@@ -2,6 +2,7 @@
 reads top to bottom; `build` does the wiring."""
 
 import logging
+import warnings
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
@@ -11,6 +12,7 @@ from omegaconf import DictConfig
 from src.data.streaming_datamodule import follow_the_shards  # [part: streaming]
 from src.run.builder import build
 from src.run.checkpoints import check_checkpoint, check_fits
+from src.run.extras import CALLBACK_STATES_WARNING
 from src.run.hardware import fit_precision
 from src.run.preprocessing import follow_the_weights  # [part: folders]
 from src.run.resume import plan_resume
@@ -57,9 +59,11 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         check_fits(run.model, source.checkpoint)
         run.tested_checkpoint = str(source.checkpoint)
         log.info(f"Testing {source.checkpoint}")
-        run.trainer.test(
-            run.model, datamodule=run.datamodule, ckpt_path=str(source.checkpoint), weights_only=True
-        )
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", CALLBACK_STATES_WARNING)  # testing needs none of their states
+            run.trainer.test(
+                run.model, datamodule=run.datamodule, ckpt_path=str(source.checkpoint), weights_only=True
+            )
         run.metrics = as_floats(run.trainer.callback_metrics)
     return run.metrics
 

@@ -27,6 +27,14 @@ LIGHTNING_TIPS = (
 )
 
 
+# - Lightning's "Be aware that when using `ckpt_path`, callbacks used to create the checkpoint need to be
+#   provided ...", when eval tests a training checkpoint with eval's callbacks: testing needs none of the
+#   training callbacks' states (a checkpoint holds the weights to test, EMA's average included), so nothing is
+#   missing. Left out only around eval's testing: a fit continued with fewer callbacks does lose their state
+#   (lightning/pytorch/trainer/call.py).
+CALLBACK_STATES_WARNING = r"Be aware that when using `ckpt_path`, callbacks used to create the checkpoint"
+
+
 def no_tips(record: logging.LogRecord) -> bool:
     return not record.getMessage().startswith(LIGHTNING_TIPS)
 
