@@ -32,14 +32,26 @@ MAINTAINER_DOCS = "docs/maintainers"
 # What a project may leave out: scripts/parts.yaml, read by choose_parts().
 PARTS_FILE = "scripts/parts.yaml"
 # The template's own upkeep, which no project keeps: these files, and the lines marked with the part `template`.
-TEMPLATE_ONLY = [PARTS_FILE, "tests/maintainers"]  # tests/maintainers: generation, docs walk, linters
-# A line kept only with some parts ends in `[part: a, b]`; a block is kept only with them between a start line
-# `# part: a, b` (`<!-- part: a, b -->` in Markdown) and an end line `# /part` (`<!-- /part -->`).
-LINE_TAG = re.compile(r"\s*\[part: ([\w, -]+)\]\s*$")
-BLOCK_START = re.compile(r"^\s*(?:#|<!--)\s*part: ([\w, -]+?)\s*(?:-->)?\s*$")
+# tests/maintainers: generation, docs walk, linters; the benchmarks against bare Lightning and hand-written loops,
+# and the core-size counter, measure the template (a project times its own runs with callbacks=[default,throughput]).
+TEMPLATE_ONLY = [
+    PARTS_FILE,
+    "tests/maintainers",
+    "scripts/benchmark.py",
+    "scripts/benchmark_streaming.py",
+    "scripts/count_lines.py",
+]
+# A line kept only with some parts ends in `[part: a, b]` (kept when a and b are kept) or `[part: a | b]` (kept
+# when a or b is); a block is kept likewise between a start line `# part: a, b` (`<!-- part: a | b -->` in
+# Markdown) and an end line `# /part` (`<!-- /part -->`). A marker uses `,` or `|`, never both.
+LINE_TAG = re.compile(r"\s*\[part: ([\w,| -]+)\]\s*$")
+BLOCK_START = re.compile(r"^\s*(?:#|<!--)\s*part: ([\w,| -]+?)\s*(?:-->)?\s*$")
 BLOCK_END = re.compile(r"^\s*(?:#|<!--)\s*/part\s*(?:-->)?\s*$")
 # The files the markers may stand in: text that a part's lines can be part of.
 MARKED = (".py", ".yaml", ".yml", ".toml", ".md", ".cfg", ".txt", ".sh", "Makefile", "run")
+# An import list that generation changed (a name or a marker gone) is joined onto one line where it fits, as
+# ruff formats a list written that way: `from a import (\n    b,\n)` becomes `from a import b`.
+IMPORT_LIST = re.compile(r"^([ \t]*from [\w.]+ import )\(\n((?:[ \t]+\w+(?: as \w+)?,\n)+)[ \t]*\)$", re.M)
 
 
 def main() -> None:
@@ -206,38 +218,59 @@ def with_needs(manifest: dict[str, dict], chosen: set[str]) -> set[str]:
 
 
 def files_left_out(manifest: dict[str, dict], kept: set[str]) -> list[str]:
-    """The files and folders of the parts not kept, and those that two parts share when either is not kept."""
-    paths = []
+    """The files and folders of the parts not kept (a file two parts list stays while either is kept), and those
+    that two parts share `with` each other when either is not kept."""
+    paths, keeps = [], set()
     for name, part in manifest.items():
-        if name not in kept:
+        if name in kept:
+            keeps.update(part.get("files", []))
+        else:
             paths += part.get("files", [])
         for other, files in (part.get("with") or {}).items():
             if name not in kept or other not in kept:
                 paths += files
-    return paths
+    return [path for path in paths if path not in keeps]
 
 
-def keep_lines(text: str, kept: set[str], where: str) -> str:
+def wanted(names: str, kept: set[str], known: set[str] | None, where: str) -> bool:
+    """Whether the lines of the marker `part: <names>` stay: `a, b` when every part named is kept, `a | b` when
+    any is. A marker that mixes both (which would bind first?) or names a part not `known` is refused."""
+    if "," in names and "|" in names:
+        raise SystemExit(f"{where}: `part: {names}` mixes `,` (all of) and `|` (any of); use one of them")
+    parts = [name.strip() for name in re.split(r"[,|]", names)]
+    if known is not None and (unknown := sorted(set(parts) - known)):
+        raise SystemExit(f"{where}: `part: {names}` names {', '.join(unknown)}, which is not a part")
+    return (any if "|" in names else all)(name in kept for name in parts)
+
+
+def keep_lines(
+    text: str, kept: set[str], where: str, known: set[str] | None = None, width: int | None = None
+) -> str:
     """`text` without the lines and blocks of parts not kept, and without any marker. Blank lines are kept
     as a formatter left them: a block left out takes the blank lines before it along (those after it
-    separate what follows), and a marker's line takes no blank line that would double one."""
+    separate what follows), and a marker's line takes no blank line that would double one. Markers may name
+    only `known` parts (None: any). With a `width` (Python), an import list that lost a name or a marker is
+    joined onto one line where it fits in `width`."""
     lines: list[str] = []
     blocks: list[bool] = []  # for each open block, whether its lines are kept
     squeeze = False  # after a marker: blank lines that follow a blank line are dropped
+    changed: set[int] = set()  # the indices in `lines` of lines that lost a marker or follow a line left out
     for number, line in enumerate(text.splitlines(keepends=True), 1):
         if start := BLOCK_START.match(line):
-            keep = all(name.strip() in kept for name in start[1].split(","))
+            keep = wanted(start[1], kept, known, f"{where}:{number}")
             if all(blocks) and not keep:
                 while lines and not lines[-1].strip():
                     lines.pop()
             blocks.append(keep)
             squeeze = True
+            changed.add(len(lines))
             continue
         if BLOCK_END.match(line):
             if not blocks:
                 raise SystemExit(f"{where}:{number}: a part's end marker without its start")
             blocks.pop()
             squeeze = True
+            changed.add(len(lines))
             continue
         if not all(blocks):
             continue
@@ -245,7 +278,8 @@ def keep_lines(text: str, kept: set[str], where: str) -> str:
             continue
         squeeze = False
         if tag := LINE_TAG.search(line.rstrip("\n")):
-            if not all(name.strip() in kept for name in tag[1].split(",")):
+            changed.add(len(lines))
+            if not wanted(tag[1], kept, known, f"{where}:{number}"):
                 squeeze = True  # a group of tagged lines (imports) left out leaves one blank line, not two
                 continue
             end = "\n" if line.endswith("\n") else ""
@@ -254,7 +288,28 @@ def keep_lines(text: str, kept: set[str], where: str) -> str:
         lines.append(line)
     if blocks:
         raise SystemExit(f"{where}: a part's block is never closed (# /part)")
-    return "".join(lines).rstrip("\n") + "\n" if lines else ""
+    text = "".join(lines).rstrip("\n") + "\n" if lines else ""
+    return join_imports(text, changed, width) if width else text
+
+
+def join_imports(text: str, changed: set[int], width: int) -> str:
+    """`text` with each import list that holds a `changed` line (or ends after one) on one line, where it fits
+    in `width`; a list that keeps a comment is not matched, and stays as it is."""
+
+    def join(found: re.Match) -> str:
+        first = text.count("\n", 0, found.start())  # the line of `from ... import (`
+        names = [name.strip() for name in found[2].split(",\n") if name.strip()]
+        line = found[1] + ", ".join(names)
+        inside = set(range(first + 1, first + found[0].count("\n") + 1))
+        return line if changed & inside and len(line) <= width else found[0]
+
+    return IMPORT_LIST.sub(join, text)
+
+
+def line_length() -> int:
+    """ruff's line length (pyproject.toml), which a joined import list must fit."""
+    found = re.search(r"^line-length = (\d+)", (ROOT / "pyproject.toml").read_text(), flags=re.M)
+    return int(found[1]) if found else 88  # ruff's default
 
 
 def choose_parts(manifest: dict[str, dict], kept: set[str]) -> None:
@@ -263,6 +318,7 @@ def choose_parts(manifest: dict[str, dict], kept: set[str]) -> None:
     for path in files_left_out(manifest, kept):
         target = ROOT / path
         shutil.rmtree(target) if target.is_dir() else target.unlink(missing_ok=True)
+    known, width = {*manifest, "template"}, line_length()
     for path in sorted(ROOT.rglob("*")):
         relative = path.relative_to(ROOT)
         if relative.parts[0] in (".git", ".venv", "logs", "data") or not path.is_file():
@@ -271,7 +327,7 @@ def choose_parts(manifest: dict[str, dict], kept: set[str]) -> None:
             continue
         text = path.read_text(errors="replace")
         if "part" in text:
-            new = keep_lines(text, kept, str(relative))
+            new = keep_lines(text, kept, str(relative), known, width if path.suffix == ".py" else None)
             if new != text:
                 path.write_text(new)
     for path in TEMPLATE_ONLY:

@@ -31,10 +31,10 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from src import tasks
+from src.common.config_names import resolved_accelerator
 from src.compat.hydra import run_task
 from src.inference import tasks as inference_tasks  # [part: predict]
 from src.run.checkpoints import check_fits
-from src.run.hardware import resolved_accelerator
 from src.run.trained_run import locate, read_record
 from src.train import CONFIG_DIR
 
@@ -81,7 +81,7 @@ def export(overrides: Sequence[str] = ()) -> Result:
 # part: streaming
 def shard(overrides: Sequence[str] = ()) -> Result:
     """`python src/shard.py overrides`: a data option's splits written as shards for data=streaming."""
-    from src.data.components.shards import shard as write_shards  # litdata, imported only to shard
+    from src.sharding import shard as write_shards  # litdata, imported only to shard
 
     return _run("shard", write_shards, overrides)
 

@@ -15,7 +15,7 @@ CONFIG_DIR = str(Path(__file__).resolve().parents[1] / "configs")
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="shard")
 def main(cfg: DictConfig) -> None:
     # Imported here, so that `--help` and `--cfg job` answer without loading torch and Lightning.
-    from src.data.components.shards import shard
+    from src.sharding import shard
 
     shard(cfg)
 

@@ -53,8 +53,8 @@ def test_eval_keeps_the_runs_data_and_model_unless_chosen_and_puts_single_keys_o
     assert with_keys_set({"compile": False}, overrides, "model") == {"compile": True}
 
 
-# The data options each model option is checked with: (data, input batch shape, output shape).
 MODEL_CHECKS = {
+    # The data options each model option is checked with: (data, input batch shape, output shape).
     "classifier": [("mnist5k", (2, 1, 28, 28), (2, 10)), ("digits", (2, 1, 8, 8), (2, 10))],
     "segmenter": [("digit_scenes", (2, 1, 64, 64), (2, 11, 64, 64))],  # [part: segmentation]
     "text_classifier": [("example_texts", (2, 12), (2, 3))],  # (texts, tokens)  [part: text]

@@ -38,6 +38,7 @@ NEEDS_SOMETHING = {
     # /part
     ("data", "streaming"): "data.input_dir",  # shards: write them first (src/shard.py)  [part: streaming]
     ("data", "text_file"): "data.train_file",  # your own texts: say where they are  [part: text]
+    # the strategies that only CUDA GPUs run
     ("trainer", "fsdp"): "needs CUDA GPUs",
     ("trainer", "deepspeed"): "needs CUDA GPUs",
 }

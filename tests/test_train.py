@@ -52,7 +52,7 @@ def readme_commands() -> list[str]:
 
 @pytest.mark.slow
 def test_the_readmes_commands_run_one_after_another_as_the_shell_runs_them(
-    tmp_path: Path,
+    tmp_path: Path,  # the folder the commands run in: its logs/ and images/
     data_dir: Path,
     digit_files: Path,  # [part: predict]
 ):

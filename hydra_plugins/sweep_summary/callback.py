@@ -21,7 +21,6 @@ from hydra_plugins.sweep_summary.summary import (
     VARIANTS_FILE,
     final_metrics,
     format_table,
-    write_atomically,
     write_summary,
 )
 
@@ -60,6 +59,8 @@ class SweepSummary(Callback):
             "error": error,
             "metrics": final_metrics(job_dir),
         }
+        from src.common.files import write_atomically  # here, not at the top: see summary.py's _write_csv
+
         write_atomically(job_dir / RESULT_FILE, json.dumps(result, indent=2) + "\n")
         write_summary(job_dir.parent, self._mode(config))
 

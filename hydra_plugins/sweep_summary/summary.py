@@ -7,7 +7,6 @@ import csv
 import io
 import json
 import math
-import os
 import statistics
 from pathlib import Path
 from typing import Any
@@ -92,18 +91,15 @@ def _cell(value: Any) -> str:
 
 
 def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
+    # Imported here, not at the top: Hydra imports every plugin module on each start of any Hydra app, and
+    # importing `src` registers this project's resolvers; only the project's own runs write a summary.
+    from src.common.files import write_atomically
+
     text = io.StringIO()
     writer = csv.DictWriter(text, fieldnames=list(rows[0]))
     writer.writeheader()
     writer.writerows(rows)
     write_atomically(path, text.getvalue())
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """Readers never see a half-written file; jobs running in parallel each write their own temporary."""
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    temporary.write_text(text)
-    os.replace(temporary, path)
 
 
 def group_variants(runs: list[dict[str, Any]], metric: str, mode: str) -> list[dict[str, Any]]:

@@ -12,8 +12,8 @@ from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy, ModelP
 from lightning.pytorch.trainer.states import TrainerFn
 from omegaconf import DictConfig
 
+from src.common.config_names import target_class
 from src.compat.lightning import averaged_model, latest_update_step, set_latest_update_step
-from src.run.preflight import target_class
 
 SHARDING = (FSDPStrategy, DeepSpeedStrategy, ModelParallelStrategy)  # strategies that may shard the weights
 

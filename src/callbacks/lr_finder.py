@@ -9,11 +9,10 @@ import lightning as L
 import torch
 from hydra.core.hydra_config import HydraConfig
 from lightning.pytorch.callbacks import LearningRateFinder
+from lightning.pytorch.plugins.environments import TorchElasticEnvironment
 from omegaconf import DictConfig, ListConfig
 
-from src.launch import environment
-from src.run.hardware import resolved_accelerator
-from src.run.preflight import GPU_ONLY_STRATEGIES, strategy_name
+from src.common.config_names import GPU_ONLY_STRATEGIES, resolved_accelerator, strategy_name
 
 log = logging.getLogger(__name__)
 
@@ -161,8 +160,8 @@ def distributed_settings(trainer: DictConfig) -> list[str]:
         settings.append(f"trainer.devices={devices}")
     if trainer.get("num_nodes", 1) > 1:
         settings.append(f"trainer.num_nodes={trainer.num_nodes}")
-    if environment.torchrun_world_size() > 1:
-        settings.append(f"torchrun with {environment.torchrun_world_size()} processes")
+    if TorchElasticEnvironment.detect() and (processes := TorchElasticEnvironment().world_size()) > 1:
+        settings.append(f"torchrun with {processes} processes")
     return settings
 
 

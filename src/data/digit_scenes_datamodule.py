@@ -14,12 +14,10 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset, TensorDataset
 
+from src.data.components.images import standard_transform  # [part: predict]
 from src.data.components.mnist5k_file import load_mnist5k
 from src.data.datamodule import seeded_split
-from src.data.in_memory_datamodule import (
-    TensorBatches,
-    standard_transform,  # [part: predict]
-)
+from src.data.in_memory_datamodule import TensorBatches
 from src.data.segmentation_datamodule import SegmentationDataModule
 
 log = logging.getLogger(__name__)
@@ -171,9 +169,7 @@ class DigitScenesDataModule(SegmentationDataModule):
             for stage in ("train", "val", "test"):
                 images = torch.from_numpy(cached[f"{stage}_scenes"]).float().unsqueeze(1) / 255
                 images = (images - self.hparams.mean) / self.hparams.std
-                masks = torch.from_numpy(
-                    cached[f"{stage}_masks"]
-                )  # uint8; the module makes each batch's long
+                masks = torch.from_numpy(cached[f"{stage}_masks"])  # uint8; the module makes a batch's long
                 self.check_mask(masks, f"{self.cache_file} ({stage} masks)")
                 splits.append(TensorBatches(images, masks))
         return tuple(splits)

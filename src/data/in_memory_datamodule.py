@@ -10,6 +10,7 @@ from torch import Tensor
 from torch.utils.data import Dataset, Subset, TensorDataset
 
 from src.data.classification_datamodule import ClassificationDataModule
+from src.data.components.images import standard_transform  # [part: predict]
 from src.data.datamodule import seeded_split
 
 
@@ -41,25 +42,6 @@ def tensors_of(dataset: Dataset) -> tuple[Tensor, ...]:
 def normalized_dataset(images: Tensor, labels: Tensor, mean: float, std: float) -> TensorDataset:
     """Images scaled to [0, 1] as float32 (N, C, H, W), then standardised with the dataset's mean and std."""
     return TensorDataset((images.float() - mean) / std, labels.long())
-
-
-# part: predict
-def standard_transform(size: list[int], mean: list[float], std: list[float]) -> dict[str, Any]:
-    """A transforms-v2 config (plain data, so checkpoints can hold it): PIL image -> resized float tensor in
-    [0, 1] -> standardised."""
-    v2, float32 = "torchvision.transforms.v2", {"_target_": "hydra.utils.get_object", "path": "torch.float32"}
-    return {
-        "_target_": f"{v2}.Compose",
-        "transforms": [
-            {"_target_": f"{v2}.ToImage"},
-            {"_target_": f"{v2}.Resize", "size": list(size), "antialias": True},
-            {"_target_": f"{v2}.ToDtype", "dtype": float32, "scale": True},
-            {"_target_": f"{v2}.Normalize", "mean": list(mean), "std": list(std)},
-        ],
-    }
-
-
-# /part
 
 
 class InMemoryDataModule(ClassificationDataModule):

@@ -21,7 +21,8 @@ from torchvision import tv_tensors
 
 from src.common.classes import names_or_indices
 from src.data.components.file_check import BadFileError, check_files, decode, raise_first
-from src.data.components.image_dataset import IMAGE_EXTENSIONS, UNREADABLE, default_transform_config
+from src.data.components.image_dataset import UNREADABLE, default_transform_config
+from src.data.components.images import IMAGE_EXTENSIONS
 from src.data.datamodule import seeded_split
 from src.data.segmentation_datamodule import SegmentationDataModule
 

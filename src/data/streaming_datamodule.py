@@ -151,9 +151,8 @@ class StreamingDataModule(DataModule):
         hp = self.hparams
         distributed = self.trainer is not None and self.trainer.world_size > 1
         overfitting = self.trainer is not None and bool(self.trainer.overfit_batches)
-        seed = (
-            self._shuffle_seed() % 2**32 if train else 0
-        )  # litdata shuffles with NumPy, which takes 32 bits
+        # litdata shuffles with NumPy, which takes 32 bits
+        seed = self._shuffle_seed() % 2**32 if train else 0
         dataset = streaming.StreamingDataset(
             f"{hp.input_dir}/{split}",
             cache_dir=hp.cache_dir,

@@ -14,11 +14,9 @@ from omegaconf import DictConfig
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
+from src.data.components.images import IMAGE_EXTENSIONS
 from src.inference.predictions import PredictInput
 from src.run.trained_run import TrainedRun, group_config
-
-# What a folder or a glob given as inputs= is searched for.
-IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 
 
 def image_transform(preprocessing: dict[str, Any]) -> Any:

@@ -73,10 +73,8 @@ class SegmentationPredictions(PredictionWriter):
             if item.file is not None:
                 with Image.open(item.file) as file:
                     picture = np.asarray(file.convert("RGB"))
-            else:
-                picture = (
-                    displayable(item.image.cpu()) * 255
-                )  # data.loading=device keeps the test split on the GPU
+            else:  # .cpu(): data.loading=device keeps the test split on the GPU
+                picture = displayable(item.image.cpu()) * 255
             size = picture.shape[:2]
             mask = class_mask(probabilities, size)
             name = f"{item.index:05d}" + (f"_{item.file.stem}" if item.file is not None else "")

@@ -101,8 +101,8 @@ def segmentation_answers(model: LightningModule, outputs: Tensor, sizes: list) -
 
 # What each kind of task module answers (its `task`), from its `predict_step` outputs and the images' sizes.
 ANSWERS: dict[str, Callable[[LightningModule, Tensor, list], list[dict[str, Any]]]] = {
-    "classification": classification_answers,
-    "segmentation": segmentation_answers,  # [part: segmentation]
+    "classification": classification_answers,  # the class, its name, the probabilities
+    "segmentation": segmentation_answers,  # the mask, as a PNG  [part: segmentation]
 }
 
 

@@ -15,7 +15,7 @@ import lightning as L
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from src.run.preflight import strategy_name
+from src.common.config_names import strategy_name
 
 log = logging.getLogger(__name__)
 

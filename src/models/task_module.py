@@ -178,14 +178,13 @@ class TaskModule(L.LightningModule):
 
     def forward(self, x: Tensor) -> Tensor:
         if self.hparams.get("channels_last") and x.dim() == 4:
-            x = x.contiguous(
-                memory_format=torch.channels_last
-            )  # the layout channels-last convs run fastest on
+            # the layout channels-last convs run fastest on
+            x = x.contiguous(memory_format=torch.channels_last)
         return self.net(x)
 
     # Steps only update the metrics' states (on the device, no host sync); each epoch's values are computed
     # and logged once, at its end: logging a Metric object every step costs Lightning a fixed overhead per call
-    # that shows on small models (scripts/benchmark.py shows it).
+    # that shows on small models (the template's benchmark measured it).
 
     def _step(self, stage: str, batch: Any) -> dict[str, Tensor]:
         """The batch's loss, predictions and targets (callbacks draw the latter), once `stage`'s metrics took them."""

@@ -104,9 +104,8 @@ def check_fits(model: torch.nn.Module, path: str | Path) -> None:
     try:
         model.load_state_dict({name.replace("_orig_mod.", ""): tensor for name, tensor in state.items()})
     except RuntimeError as err:
-        problems = " ".join(str(err).split()).partition(": ")[
-            2
-        ]  # after "Error(s) in loading state_dict for X"
+        # what follows "Error(s) in loading state_dict for X: "
+        problems = " ".join(str(err).split()).partition(": ")[2]
         raise ValueError(
             f"ckpt_path={path} does not fit this model ({problems[:1500]}); was it trained with another model=, "
             "model/net=, data= or mode= (compose the same options as its training run, or give its run_dir=)?"

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
+from src.common.config_names import resolved_accelerator
 from src.launch import environment
 
 log = logging.getLogger(__name__)
@@ -27,18 +28,6 @@ CPU_BF16_FLAGS = {"avx512_bf16": "AVX-512 BF16", "amx_bf16": "AMX"}
 # How much slower bf16 is where it is emulated: a small U-Net's training step with AVX2 kernels (9.5x
 # and 11.5x against float32; on a CPU with AVX-512 BF16 the same step ran 1.8x faster in bf16).
 EMULATED_SLOWDOWN = "about 10x"
-
-
-def resolved_accelerator(accelerator: Any) -> str:
-    """The device kind a Trainer will use: cuda, mps or cpu (`auto` picks the best one present)."""
-    name = str(accelerator).lower()
-    if name == "gpu":
-        return "cuda"
-    if name == "auto":
-        if torch.cuda.is_available():
-            return "cuda"
-        return "mps" if torch.backends.mps.is_available() else "cpu"
-    return name
 
 
 @dataclass(frozen=True)

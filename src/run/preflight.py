@@ -16,8 +16,8 @@ from hydra.types import RunMode
 from hydra.utils import get_class
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from src.common import config_names
 from src.launch import environment
-from src.run.hardware import resolved_accelerator
 
 
 def _arms(hint: Any) -> list[Any]:
@@ -25,10 +25,6 @@ def _arms(hint: Any) -> list[Any]:
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
         return [arm for part in get_args(hint) for arm in _arms(part)]
     return [hint]
-
-
-# Strategies Lightning runs on CUDA GPUs only, by the prefix of their registered name or class.
-GPU_ONLY_STRATEGIES = {"fsdp": "trainer=fsdp", "deepspeed": "trainer=deepspeed"}
 
 
 def check_run(cfg: DictConfig) -> None:
@@ -61,19 +57,9 @@ def check_components(cfg: DictConfig) -> None:
         f"callbacks.{name}": conf for name, conf in (cfg.get("callbacks") or {}).items()
     }
     for key, conf in components.items():
-        check = getattr(target_class(conf), "check_config", None) if isinstance(conf, DictConfig) else None
-        if check is not None:
+        target = config_names.target_class(conf) if isinstance(conf, DictConfig) else object
+        if (check := getattr(target, "check_config", None)) is not None:
             check(cfg, key)
-
-
-def target_class(conf: DictConfig) -> type:
-    """The class a config's _target_ names; `object` when it has none or it cannot be imported (Hydra says why
-    when it is instantiated)."""
-    try:
-        cls = get_class(conf._target_) if "_target_" in conf else object
-    except Exception:
-        return object
-    return cls if inspect.isclass(cls) else object
 
 
 # /part
@@ -166,21 +152,14 @@ def check_launch() -> None:
         )
 
 
-def strategy_name(strategy: Any) -> str:
-    """`ddp`, `fsdp`, `deepspeed_stage_2`, ... for a strategy given by name or as a config with a _target_."""
-    if isinstance(strategy, DictConfig | dict) and "_target_" in strategy:
-        return strategy["_target_"].rsplit(".", 1)[-1].removesuffix("Strategy").lower()
-    return str(strategy).lower()
-
-
 def check_trainer(trainer: DictConfig) -> None:
     """Combinations of precision, accelerator, devices and strategy that Lightning would refuse late, without
     naming the key, or not at all (a missing deepspeed: Lightning's own message is clear)."""
     precision = str(trainer.get("precision", "32-true"))
-    accelerator = resolved_accelerator(trainer.get("accelerator", "auto"))
-    strategy = strategy_name(trainer.get("strategy", "auto"))
+    accelerator = config_names.resolved_accelerator(trainer.get("accelerator", "auto"))
+    strategy = config_names.strategy_name(trainer.get("strategy", "auto"))
     gpus = torch.cuda.device_count()
-    for prefix, preset in GPU_ONLY_STRATEGIES.items():
+    for prefix, preset in config_names.GPU_ONLY_STRATEGIES.items():
         if strategy.startswith(prefix) and (accelerator != "cuda" or gpus == 0):
             why = f"this run uses accelerator={accelerator}" if gpus else "no CUDA GPU is visible here"
             raise ValueError(

@@ -21,7 +21,7 @@ from typing import Any
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from hydra_plugins.sweep_summary.summary import write_atomically
+from src.common.files import write_atomically
 
 RECORD_FILE = "run.json"
 DIFF_FILE = "git.diff"

@@ -1,6 +1,5 @@
 """A Dataset of image files with labels: decoded with PIL, transformed by torchvision's transforms v2."""
 
-import copy
 import io  # [part: streaming]
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -12,34 +11,10 @@ from PIL import Image
 from torch.utils.data import Dataset
 from torchvision.transforms import v2
 
-IMAGE_EXTENSIONS = (
-    ".png",
-    ".jpg",
-    ".jpeg",
-    ".bmp",
-    ".gif",
-    ".tif",
-    ".tiff",
-    ".webp",
-)  # what an image file is
+from src.data.components.images import TO_FLOAT, TO_IMAGE, compose
 
 # What PIL raises for a file that is not an image, is truncated, or is too large to be safe.
 UNREADABLE = (OSError, ValueError, SyntaxError, Image.DecompressionBombError)
-
-
-# The steps every transforms-v2 pipeline needs at least, as config: PIL image to a tensor, then to float32 in
-# [0, 1]. Configs (not objects) so that checkpoints can record the preprocessing for predict and export.
-TO_IMAGE = {"_target_": "torchvision.transforms.v2.ToImage"}
-TO_FLOAT = {
-    "_target_": "torchvision.transforms.v2.ToDtype",
-    "dtype": {"_target_": "hydra.utils.get_object", "path": "torch.float32"},
-    "scale": True,
-}
-
-
-def compose(*steps: dict[str, Any]) -> dict[str, Any]:
-    """The config of a transforms-v2 pipeline of `steps` (copies: a caller may store or change it)."""
-    return {"_target_": "torchvision.transforms.v2.Compose", "transforms": copy.deepcopy(list(steps))}
 
 
 def default_transform_config() -> dict[str, Any]:

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from src.data.components.image_dataset import IMAGE_EXTENSIONS
+from src.data.components.images import IMAGE_EXTENSIONS
 
 # What each key that names a label file or a class-folder root must point at, for the error when it does not.
 _CSV = "a CSV with one `image,label` line per image"
