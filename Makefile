@@ -22,7 +22,7 @@ STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
 SETTINGS := $(VENV)/.settings
 
-.PHONY: help install install-test train test test-fast bench lint format clean FORCE
+.PHONY: help install install-test train test test-fast lint format clean FORCE
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -64,19 +64,17 @@ test-fast: install-test  ## run the tests not marked slow
 	$(PY) -m pytest -n 2 --dist worksteal -m "not slow"
 
 # part: template
-.PHONY: test-parts
+.PHONY: test-parts bench
 test-parts: install-test  ## the template's own checks: a project with each choice of parts installs and passes its tests; copier update; the benchmarks' smoke runs
 	$(PY) -m pytest -n 2 --matrix -m matrix
 
-# /part
-# part: streaming, folders
-# scripts/benchmark_streaming.py reads shards (the streaming extra) from moto's S3 server (a dev tool).
-bench: install-test
-# /part
-bench: install  ## the code the project owns (scripts/count_lines.py), then its speed against hand-written loops (a few minutes)
+# benchmark_streaming.py reads shards (the streaming extra) from moto's S3 server (a dev tool).
+bench: install-test  ## the template measured: the core's size, its speed against bare Lightning and hand-written loops, shards against folders (a few minutes)
 	$(PY) scripts/count_lines.py
 	$(PY) scripts/benchmark.py
-	$(PY) scripts/benchmark_streaming.py  # [part: streaming, folders]
+	$(PY) scripts/benchmark_streaming.py
+
+# /part
 
 lint: install-test  ## check style with ruff
 	$(VENV)/bin/ruff check src tests scripts hydra_plugins

@@ -6,12 +6,8 @@ import hashlib
 import json
 import re
 import shutil
-import socket  # [part: folders]
-import subprocess  # [part: folders]
-import sys  # [part: folders]
 from collections import Counter
 from pathlib import Path
-from urllib.parse import urlparse  # [part: folders]
 
 import lightning as L
 import pytest
@@ -476,32 +472,3 @@ def test_shards_in_object_storage_train_through_the_cache_and_bad_urls_fail_nami
     with pytest.raises(ValueError, match=secret) as refused:
         api.train([*streaming, "+data.storage_options.aws_secret_access_key=hunter2"])
     assert "hunter2" not in str(refused.value)
-
-
-# part: folders
-@pytest.mark.slow
-@pytest.mark.matrix  # a maintainers' check: make test-parts (CI) runs it  [part: template]
-def test_the_streaming_benchmark_runs_in_tiny_mode_and_stops_its_s3_server(tmp_path: Path):
-    """scripts/benchmark_streaming.py (make bench) end to end on 300 digits: every figure, the first epoch from
-    the S3 server fetching the chunks and the second reading them from the cache, and the server gone after.
-    Speed itself is never asserted: the script prints ratios measured in one run."""
-    output = tmp_path / "bench.json"
-    command = [sys.executable, "scripts/benchmark_streaming.py", "--tiny", "--output", str(output)]
-    result = subprocess.run(command, cwd=conftest.ROOT, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "Training loader alone" in result.stdout and str(output) in result.stdout
-
-    figures = json.loads(output.read_text())
-    settings, rates = figures["settings"], figures["samples_per_sec"]
-    assert settings["tiny"] and settings["train_samples"] == 216 and settings["train_chunks"] > 1
-    s3 = {"s3_first_epoch", "s3_second_epoch", "s3_raw_first", "s3_raw_second"}
-    assert set(rates) == {"folder", "shards", *s3}
-    assert all(rate > 0 for rate in rates.values())
-    assert figures["shards_over_folder"] == pytest.approx(rates["shards"] / rates["folder"])
-    downloads = figures["chunk_downloads"]
-    assert downloads["s3_first_epoch"][0] >= settings["train_chunks"] and downloads["s3_second_epoch"] == [0]
-    with pytest.raises(ConnectionRefusedError):  # the server was stopped
-        socket.create_connection(("127.0.0.1", urlparse(settings["s3_endpoint"]).port), timeout=5)
-
-
-# /part

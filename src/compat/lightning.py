@@ -24,7 +24,7 @@ release breaks it (the weekly CI job against the newest Lightning is there to no
   alone, and the bar only stops more slowly.
 - `_every_n_train_steps` and `_train_time_interval` of `ModelCheckpoint`: src/run/builder.py lets
   Lightning skip the checkpoint's batch hook when it saves only at epoch ends (`saves_within_epochs`); its
-  idle hooks cost the MLP benchmark case a few percent of a step (make bench). No
+  idle hooks cost the template benchmark's MLP case a few percent of a step. No
   upstream issue: the constructor's settings have no public accessor. When it breaks: the attribute error
   names them; read the new names in `model_checkpoint.py`.
 - `_defer_save_until_validation` of `ModelCheckpoint`: a step save whose monitored metric is missing or

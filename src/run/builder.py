@@ -173,7 +173,7 @@ def skip_idle_batch_hooks(trainer: L.Trainer) -> None:
 
     Lightning calls each of these hooks on each callback at every batch, inside a profiler context named
     after the callback, even when the hook is `Callback`'s empty default or returns at once under the
-    callback's settings: the calls add up on a small model's step (make bench shows it). Lightning skips
+    callback's settings: the calls add up on a small model's step (the template's benchmark showed it). Lightning skips
     a hook that is not callable, so an idle one is set to None on the instance. A real profiler
     (`debug=profiler`) then lists only the hooks that do something.
     """

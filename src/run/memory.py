@@ -3,7 +3,7 @@
 A CPU training step allocates and frees the same large activation buffers over and over. glibc serves big
 blocks with fresh mmap pages and trims the top of its heap on free, with thresholds that adapt to the
 history of the process: depending on that history, each step may page-fault its whole working set back in,
-and the same run is fast or slow at random (scripts/benchmark.py shows it). Fixed thresholds make
+and the same run is fast or slow at random (the template's benchmark showed it). Fixed thresholds make
 every run the fast one; memory stays at the peak a step needs.
 """
 

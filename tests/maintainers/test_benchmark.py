@@ -1,12 +1,14 @@
-"""The benchmark script (scripts/benchmark.py) in its tiny mode: it runs end to end and reports every figure;
-and the malloc setting it measures (extras.keep_freed_memory). Speed itself is never asserted here: the
-script prints ratios measured in one run."""
+"""The template's benchmarks (scripts/benchmark.py, scripts/benchmark_streaming.py) in their tiny mode: each runs
+end to end and reports every figure; and the malloc setting they measure (extras.keep_freed_memory). Speed
+itself is never asserted here: the scripts print ratios measured in one run."""
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
+from urllib.parse import urlparse
 
 import pytest
 import torch
@@ -55,6 +57,31 @@ def test_the_benchmark_runs_in_tiny_mode_and_writes_every_figure(tmp_path: Path)
     assert steps["template_page_faults"] > 0 and all(steps[f"{side}_page_faults"] >= 0 for side in SIDES)
     assert all(figures["startup"][field] > 0 for field in STARTUP_FIELDS if field != "debug_fdr_over_floor_s")
     assert all(figures["data_path"]["mlp"][field] > 0 for field in DATA_FIELDS)
+
+
+@pytest.mark.slow
+@pytest.mark.matrix  # a maintainers' check: make test-parts (CI) runs it
+def test_the_streaming_benchmark_runs_in_tiny_mode_and_stops_its_s3_server(tmp_path: Path):
+    """scripts/benchmark_streaming.py (make bench) end to end on 300 digits: every figure, the first epoch from
+    the S3 server fetching the chunks and the second reading them from the cache, and the server gone after.
+    Speed itself is never asserted: the script prints ratios measured in one run."""
+    output = tmp_path / "bench.json"
+    command = [sys.executable, "scripts/benchmark_streaming.py", "--tiny", "--output", str(output)]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Training loader alone" in result.stdout and str(output) in result.stdout
+
+    figures = json.loads(output.read_text())
+    settings, rates = figures["settings"], figures["samples_per_sec"]
+    assert settings["tiny"] and settings["train_samples"] == 216 and settings["train_chunks"] > 1
+    s3 = {"s3_first_epoch", "s3_second_epoch", "s3_raw_first", "s3_raw_second"}
+    assert set(rates) == {"folder", "shards", *s3}
+    assert all(rate > 0 for rate in rates.values())
+    assert figures["shards_over_folder"] == pytest.approx(rates["shards"] / rates["folder"])
+    downloads = figures["chunk_downloads"]
+    assert downloads["s3_first_epoch"][0] >= settings["train_chunks"] and downloads["s3_second_epoch"] == [0]
+    with pytest.raises(ConnectionRefusedError):  # the server was stopped
+        socket.create_connection(("127.0.0.1", urlparse(settings["s3_endpoint"]).port), timeout=5)
 
 
 def test_a_benchmark_case_that_does_not_exist_is_refused():
