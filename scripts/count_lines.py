@@ -1,8 +1,8 @@
 """How much code a project owns: the code lines of its Python outside tests/ and scripts/ (lines that are not
 blank, comments or docstrings) and the config lines of configs/ (not blank, not comments).
 
-In the template it counts the core (a project generated with no part, made in a temporary folder) and the
-template with every part; in a generated project, the project itself. `make bench` prints it.
+It counts the core (a project generated with no part, made in a temporary folder) and the template with every
+part; `make bench` prints it. A template's tool: generation leaves it out.
 
     python scripts/count_lines.py
 """

@@ -21,7 +21,7 @@ from src.data.components.shards import (
     open_folder,
     remote_options,
 )
-from src.run.builder import prepare
+from src.run.builder import complete_config, prepare
 from src.run.resume import config_changes
 
 log = logging.getLogger(__name__)
@@ -46,7 +46,8 @@ def shard(cfg: DictConfig) -> None:
     them after setup(); `preprocessing`, its inference_preprocessing() (null without one); `encoding`
     (files or tensors); `samples`, the sample count of each split.
     """
-    prepare(cfg)  # checks, extras, seed and the data keys that follow the net's weights, as a run does
+    complete_config(cfg)  # as a run does: the keys its data fills (an image folder's, from the net's weights)
+    prepare(cfg)  # checks, extras, seed
     output = str(cfg.output_dir).rstrip("/")
     source = OmegaConf.to_container(cfg.data, resolve=True)
     options = remote_options(output, cfg.get("storage_options"), "storage_options")

@@ -9,12 +9,10 @@ from hydra.types import RunMode
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig
 
-from src.data.streaming_datamodule import follow_the_shards  # [part: streaming]
-from src.run.builder import build
+from src.run.builder import build, complete_config
 from src.run.checkpoints import check_checkpoint, check_fits
 from src.run.extras import CALLBACK_STATES_WARNING
 from src.run.hardware import fit_precision
-from src.run.preprocessing import follow_the_weights  # [part: folders]
 from src.run.resume import plan_resume
 from src.run.trained_run import locate, with_run_config, with_run_precision
 
@@ -23,8 +21,7 @@ log = logging.getLogger(__name__)
 
 def train(cfg: DictConfig) -> dict[str, float]:
     """Fit the model (continuing a named run where it stopped), then test the best checkpoint."""
-    follow_the_shards(cfg)  # data=streaming: its classes, as the run record has them  [part: streaming]
-    follow_the_weights(cfg)  # the data keys left null, as the run record has them  [part: folders]
+    complete_config(cfg)  # the keys the data fills (the shards' classes, ...), as the run record has them
     fit_precision(cfg.trainer)  # trainer.precision=auto: bf16-mixed or 32 here, as the record has it
     resume = plan_resume(cfg)  # before anything heavy: a run that may not continue fails in a second
     ckpt_path = cfg.get("ckpt_path") or (str(resume.checkpoint) if resume and resume.checkpoint else None)
@@ -54,7 +51,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     source = locate(cfg)
     cfg = with_run_precision(with_run_config(cfg, source, ("data", "model")), source)
     fit_precision(cfg.trainer)
-    follow_the_shards(cfg)  # [part: streaming]
+    complete_config(cfg)
     with build(cfg) as run:
         check_fits(run.model, source.checkpoint)
         run.tested_checkpoint = str(source.checkpoint)

@@ -1,9 +1,10 @@
 """The README's "How to add a dataset", done as a user would: a ClassificationDataModule subclass that
-implements only `load_datasets()`, a data config that declares `num_classes` and `input_shape`, then train,
-test, eval, predict and export, for images (stripes) and for samples that are not images (feature vectors).
+implements only `load_datasets()`, a data config that declares `num_classes` and `input_shape` (or a class
+method that fills in what follows from the data), then train, test, eval, predict and export, for images
+(stripes) and for samples that are not images (feature vectors).
 The user's project lives in tmp_path (its modules importable, its configs on Hydra's search path)."""
 
-import json  # [part: predict]
+import json
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -55,6 +56,11 @@ from src.data.datamodule import seeded_split
 
 
 class FeaturesDataModule(ClassificationDataModule):
+    @classmethod
+    def complete_config(cls, cfg) -> None:
+        if cfg.data.input_shape is None:  # the data knows how many features it has
+            cfg.data.input_shape = [16]
+
     def load_datasets(self) -> tuple[Dataset, Dataset, Dataset]:
         generator = torch.Generator().manual_seed(0)
         labels = torch.randint(0, 3, (300,), generator=generator)
@@ -67,7 +73,7 @@ class FeaturesDataModule(ClassificationDataModule):
 
 STRIPES_CONFIG = "_target_: stripes.StripesDataModule\nnum_classes: 2\ninput_shape: [1, 8, 8]\n"
 FEATURES_CONFIG = (
-    "_target_: features.FeaturesDataModule\nnum_classes: 3\ninput_shape: [16]\nsplit: [200, 50, 50]\n"
+    "_target_: features.FeaturesDataModule\nnum_classes: 3\ninput_shape: null\nsplit: [200, 50, 50]\n"
 )
 
 
@@ -116,11 +122,13 @@ def test_a_subclass_with_only_load_datasets_trains_tests_and_checkpoints(trained
 def test_a_dataset_of_feature_vectors_works_in_every_entry_point(
     project: list[str], here: list[str], here_for_inference: list[str], tmp_path: Path
 ):
-    """Samples need not be images: with `input_shape: [16]` and model/net=mlp every entry point works, and its
-    checkpoint evaluates to the training run's test accuracy. Eval's picture callback draws the confusion
-    matrix, and no sample pictures, saying so once."""
+    """Samples need not be images: with `input_shape: [16]` (its config leaves it null: the datamodule fills it
+    in, and the run records it) and model/net=mlp every entry point works, and its checkpoint evaluates to the
+    training run's test accuracy. Eval's picture callback draws the confusion matrix, and no sample pictures,
+    saying so once."""
     run = api.train([*here, *project, "data=features", "model/net=mlp", "trainer.max_epochs=2"])
     assert run.metrics["test/acc"] >= 0.9
+    assert json.loads((run.run_dir / "run.json").read_text())["config"]["data"]["input_shape"] == [16]
     best = run.run_dir / "checkpoints" / "best.ckpt"
     evaluated = api.evaluate([*here, *project, "data=features", "model/net=mlp", f"ckpt_path={best}"])
     assert evaluated.metrics["test/acc"] == run.metrics["test/acc"]

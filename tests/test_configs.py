@@ -11,7 +11,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from src import api  # [part: optuna]
-from src.run.builder import instantiate_group
+from src.run.builder import complete_config, instantiate_group
 from src.run.extras import apply_extras
 from src.run.trained_run import chosen_groups, with_keys_set
 from tests.conftest import CONFIG_DIR
@@ -59,21 +59,17 @@ MODEL_CHECKS = {
     "segmenter": [("digit_scenes", (2, 1, 64, 64), (2, 11, 64, 64))],  # [part: segmentation]
     "text_classifier": [("example_texts", (2, 12), (2, 3))],  # (texts, tokens)  [part: text]
 }
-# What a model option needs besides its data, and its input batch of the checked shape (default: zeros).
-MODEL_CHECKS_WITH: dict[str, list[str]] = {}
+# A model option's input batch of the checked shape (default: zeros).
 BATCH_OF: dict[str, Callable[[tuple[int, ...]], Any]] = {}
-# part: text
-# The example texts' tokenizer, which building the data writes; a batch of token ids.
-MODEL_CHECKS_WITH["text_classifier"] = ["model.net.tokenizer=${paths.data_dir}/example_texts/tokenizer"]
-BATCH_OF["text_classifier"] = lambda shape: {"input_ids": torch.ones(shape, dtype=torch.long)}
-# /part
+BATCH_OF["text_classifier"] = lambda shape: {"input_ids": torch.ones(shape, dtype=torch.long)}  # [part: text]
 
 
 @pytest.mark.parametrize("option", options("model"))
 def test_model_options_instantiate_and_fit_the_data(compose_cfg, option):
     assert option in MODEL_CHECKS, f"model={option}: add the data it is checked with to MODEL_CHECKS"
     for data, shape, output in MODEL_CHECKS[option]:
-        cfg = compose_cfg("train", [f"model={option}", f"data={data}", *MODEL_CHECKS_WITH.get(option, [])])
+        cfg = compose_cfg("train", [f"model={option}", f"data={data}"])
+        complete_config(cfg)  # as a run does: the example texts hand their tokenizer to the net
         instantiate(cfg.data, _convert_="all")
         model = instantiate(cfg.model).eval()
         assert model(BATCH_OF.get(option, torch.zeros)(shape)).shape == output
@@ -162,6 +158,7 @@ def test_every_value_of_each_hparams_search_composes_into_a_model(search, data_d
         values = dist.choices if isinstance(dist, CategoricalDistribution) else (dist.low, dist.high)
         for value in values:
             trial_cfg = api.compose("train", [*overrides, space.override(key, value)])
+            complete_config(trial_cfg)  # as a trial's run does
             instantiate(trial_cfg.data, _convert_="all")  # writes what the model may read (the example texts)
             assert isinstance(instantiate(trial_cfg.model), L.LightningModule)
 

@@ -120,10 +120,7 @@ MODEL_FOR |= {"digit_scenes": SMALL_SEGMENTER, "segmentation_folder": SMALL_SEGM
 # /part
 # part: text
 MODEL_FOR["text_file"] = ["model=text_classifier"]  # from scratch, with the tokenizer write_test_data makes
-MODEL_FOR["example_texts"] = [
-    "model=text_classifier",
-    "model.net.tokenizer=${paths.data_dir}/example_texts/tokenizer",
-]
+MODEL_FOR["example_texts"] = ["model=text_classifier"]  # from scratch, with the example's own tokenizer
 # /part
 
 

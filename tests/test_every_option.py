@@ -54,12 +54,8 @@ def options(group: str) -> list[str]:
 # data and model of another task than the default classification.
 SEGMENTATION = ["data=digit_scenes", "model=segmenter"]  # [part: segmentation]
 # part: text
-# The example texts, and a net from scratch with their tokenizer.
-TEXTS = [
-    "data=example_texts",
-    "model=text_classifier",
-    "model.net.tokenizer=${paths.data_dir}/example_texts/tokenizer",
-]
+# The example texts, and a net from scratch, which takes their tokenizer.
+TEXTS = ["data=example_texts", "model=text_classifier"]
 # /part
 OWN_OVERRIDES = {
     ("logger", "wandb"): ["logger.wandb.offline=true"],  # no wandb login here: offline, as documented

@@ -13,7 +13,7 @@ from hydra.utils import instantiate
 from torch.utils.data import Subset, TensorDataset
 
 from src.data.datamodule import DataModule
-from src.run.preprocessing import follow_the_weights  # [part: folders]
+from src.run.builder import complete_config
 from tests.conftest import CONFIG_DIR
 
 DIGITS = ["data=digits", "data.loading=samples"]  # samples: the splits stay Subsets, whose indices we compare
@@ -23,14 +23,13 @@ BUILD_WITH: dict[str, list[str]] = {}
 # part: text
 # The net's tokenizer (a text model's key): given to the data directly. Built, the example writes its folder.
 BUILD_WITH["text_file"] = ["data.train_file=texts.csv", "data.tokenizer=tokenizer"]
-BUILD_WITH["example_texts"] = ["data.tokenizer=${paths.data_dir}/example_texts/tokenizer"]
 # /part
 
 
 def datamodule(compose_cfg, *overrides: str, trainer: SimpleNamespace | None = None) -> DataModule:
     """The datamodule of `python src/train.py <overrides>`, set up for fit (by `trainer`'s rank, if given)."""
     cfg = compose_cfg("train", list(overrides))
-    follow_the_weights(cfg)  # [part: folders]
+    complete_config(cfg)  # as a run does: an image folder's preprocessing, ...
     dm = instantiate(cfg.data, _convert_="all")
     dm.trainer = trainer
     dm.setup("fit")

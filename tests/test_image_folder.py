@@ -20,7 +20,7 @@ from src import api
 from src.data.components.collate import pad_collate
 from src.data.components.example_images import CLASS_NAMES, make_example_images
 from src.data.components.mnist5k_file import load_mnist5k
-from src.run.preprocessing import follow_the_weights
+from src.data.components.preprocessing import follow_the_weights
 from tests.conftest import ROOT, last_metrics, only_run_dir, paths
 from tests.helpers import StopAt
 

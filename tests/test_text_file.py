@@ -359,8 +359,7 @@ def test_the_example_is_generated_deterministically_with_its_tokenizer(tmp_path:
 
 
 def test_data_example_texts_builds_itself_and_describes_it(compose_cfg, tmp_path: Path, data_dir: Path):
-    tokenizer = f"data.tokenizer={data_dir}/example_texts/tokenizer"
-    cfg = compose_cfg("train", ["data=example_texts", tokenizer, f"data.cache_dir={tmp_path}"])
+    cfg = compose_cfg("train", ["data=example_texts", f"data.cache_dir={tmp_path}"])  # with its own tokenizer
     datamodule = instantiate(cfg.data, _convert_="all")  # writes the folder when missing
     datamodule.setup("fit")
     assert sizes(datamodule) == (5400, 600, 1000)

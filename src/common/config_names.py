@@ -2,11 +2,10 @@
 preflight checks, the device settings (src/run/hardware.py), callbacks and models all read them; here, so that
 none of them imports another, and nobody builds on the checker."""
 
-import inspect  # [part: pretrained]
 from typing import Any
 
 import torch
-from hydra.utils import get_class  # [part: pretrained]
+from hydra.utils import get_object
 from omegaconf import DictConfig
 
 # Strategies Lightning runs on CUDA GPUs only, by the prefix of their registered name or class.
@@ -28,15 +27,11 @@ def resolved_accelerator(accelerator: Any) -> str:
     return "cuda" if name == "gpu" else name
 
 
-# part: pretrained
 def target_class(conf: DictConfig) -> type:
     """The class a config's _target_ names; `object` when it has none or it cannot be imported (Hydra says why
     when it is instantiated)."""
     try:
-        cls = get_class(conf._target_) if "_target_" in conf else object
+        found = get_object(conf._target_) if "_target_" in conf else object
     except Exception:
         return object
-    return cls if inspect.isclass(cls) else object
-
-
-# /part
+    return found if isinstance(found, type) else object  # a function's config names no class

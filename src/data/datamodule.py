@@ -10,6 +10,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from omegaconf import DictConfig
 from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset, random_split
 
 from src.data.components.resumable import EpochShuffleSampler, ResumableBatchSampler, ResumableDataLoader
@@ -121,6 +122,14 @@ class DataModule(L.LightningDataModule):
     def load_datasets(self) -> tuple[Dataset, Dataset, Dataset]:
         """Return the (train, val, test) datasets of (float tensor of shape input_shape, target) samples."""
         raise NotImplementedError(f"{type(self).__name__} must implement load_datasets()")
+
+    @classmethod
+    def complete_config(cls, cfg: DictConfig) -> None:
+        """Fill in the keys of the run's config that follow from this data and were left null (its classes as
+        its files name them, or another group's key, such as a tokenizer it ships for a net that has none),
+        before anything is built: the run record and a named run's resume check see the filled values.
+        Nothing here. Every task calls it (`src.run.builder.complete_config`); any LightningDataModule may
+        define it."""
 
     def setup(self, stage: str | None = None) -> None:
         world_size = self.trainer.world_size if self.trainer is not None else 1

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra.utils import instantiate
+from omegaconf import DictConfig
 from torch.utils.data import Dataset
 
 from src.data.classification_datamodule import ClassificationDataModule
@@ -33,6 +34,7 @@ from src.data.components.labels import (
     read_label_file,
     scan_class_folders,
 )
+from src.data.components.preprocessing import follow_the_weights
 from src.data.datamodule import assign_parts
 
 log = logging.getLogger(__name__)
@@ -50,6 +52,11 @@ class ImageFolderDataModule(ClassificationDataModule):
     """
 
     name = "image folder"
+
+    @classmethod
+    def complete_config(cls, cfg: DictConfig) -> None:
+        """`mean`, `std`, `interpolation` and `input_shape` left null follow the net's pretrained weights."""
+        follow_the_weights(cfg)
 
     def __init__(
         self,

@@ -15,6 +15,7 @@ from typing import IO, Any
 import numpy as np
 import torch
 from hydra.utils import instantiate
+from omegaconf import DictConfig
 from PIL import Image
 from torch.utils.data import Dataset
 from torchvision import tv_tensors
@@ -23,6 +24,7 @@ from src.common.classes import names_or_indices
 from src.data.components.file_check import BadFileError, check_files, decode, raise_first
 from src.data.components.image_dataset import UNREADABLE, default_transform_config
 from src.data.components.images import IMAGE_EXTENSIONS
+from src.data.components.preprocessing import follow_the_weights
 from src.data.datamodule import seeded_split
 from src.data.segmentation_datamodule import SegmentationDataModule
 
@@ -107,6 +109,11 @@ class SegmentationFolderDataModule(SegmentationDataModule):
     """
 
     name = "segmentation folder"
+
+    @classmethod
+    def complete_config(cls, cfg: DictConfig) -> None:
+        """`mean`, `std`, `interpolation` and `input_shape` left null follow the net's pretrained weights."""
+        follow_the_weights(cfg)
 
     def __init__(
         self,

@@ -33,42 +33,6 @@ from src.data.datamodule import DataModule, split_batch_size
 FACT_KEYS = ("task", "num_classes", "class_names", "input_shape", "ignore_index")
 
 
-def follow_the_shards(cfg: DictConfig) -> None:
-    """For data=streaming, fill the data keys its shards know (FACT_KEYS) from their shards.json, before
-    anything reads them; a key set to something else is refused, and so are shards of another task than the
-    model's. Nothing for other data. Errors name data.input_dir and the fix when it holds no finished shards."""
-    data = cfg.get("data")
-    if not isinstance(data, DictConfig) or not _is_streaming(data.get("_target_")):
-        return
-    facts = read_facts(str(data.input_dir), options=data.get("storage_options"))
-    for key in FACT_KEYS:
-        given = data.get(key)
-        given = OmegaConf.to_container(given) if OmegaConf.is_config(given) else given
-        if given is None:
-            with open_dict(data):  # a subclass's config may leave a key out
-                data[key] = facts[key]
-        elif given != facts[key]:
-            raise ValueError(
-                f"data.{key}={given} but the shards at data.input_dir={data.input_dir} have {facts[key]}; "
-                f"leave data.{key}=null: it follows the shards"
-            )
-    model_target = OmegaConf.select(cfg, "model._target_")
-    model_task = getattr(get_class(model_target), "task", None) if model_target else None
-    if model_task not in (None, "any") and facts["task"] not in (None, model_task):
-        raise ValueError(
-            f"data.input_dir={data.input_dir} holds {facts['task']} shards but the model "
-            f"({model_target.rsplit('.', 1)[-1]}) is a {model_task} model; choose a model option for "
-            f"{facts['task']} (its model= option), or shards of {model_task} data"
-        )
-
-
-def _is_streaming(target: Any) -> bool:
-    try:
-        return isinstance(target, str) and issubclass(get_class(target), StreamingDataModule)
-    except (ImportError, AttributeError, ValueError):
-        return False  # an unknown target fails with Hydra's own message when instantiated
-
-
 class InLoaderOrder:
     """The samples of a split, one by one, in the order its loader gives them (its batches taken apart):
     predict pairs each prediction with the sample it was made from (src/inference/inputs.py)."""
@@ -84,11 +48,38 @@ class InLoaderOrder:
 class StreamingDataModule(DataModule):
     """The splits of the shards at `input_dir` (a folder, or an s3:// URL). Every argument is
     documented in configs/data/streaming.yaml; `task`, `num_classes`, `class_names`, `input_shape` and
-    `ignore_index` come from the shards (`follow_the_shards` fills them in before a run; null ones are read at
+    `ignore_index` come from the shards (`complete_config` fills them in before a run; null ones are read at
     setup)."""
 
     name = "streaming"
     task: str | None = None  # classification, segmentation, ...: the shards say which
+
+    @classmethod
+    def complete_config(cls, cfg: DictConfig) -> None:
+        """Fill the data keys the shards know (FACT_KEYS) from their shards.json, before anything reads them; a
+        key set to something else is refused, and so are shards of another task than the model's. Errors name
+        data.input_dir and the fix when it holds no finished shards."""
+        data = cfg.data
+        facts = read_facts(str(data.input_dir), options=data.get("storage_options"))
+        for key in FACT_KEYS:
+            given = data.get(key)
+            given = OmegaConf.to_container(given) if OmegaConf.is_config(given) else given
+            if given is None:
+                with open_dict(data):  # a subclass's config may leave a key out
+                    data[key] = facts[key]
+            elif given != facts[key]:
+                raise ValueError(
+                    f"data.{key}={given} but the shards at data.input_dir={data.input_dir} have {facts[key]}; "
+                    f"leave data.{key}=null: it follows the shards"
+                )
+        model_target = OmegaConf.select(cfg, "model._target_")
+        model_task = getattr(get_class(model_target), "task", None) if model_target else None
+        if model_task not in (None, "any") and facts["task"] not in (None, model_task):
+            raise ValueError(
+                f"data.input_dir={data.input_dir} holds {facts['task']} shards but the model "
+                f"({model_target.rsplit('.', 1)[-1]}) is a {model_task} model; choose a model option for "
+                f"{facts['task']} (its model= option), or shards of {model_task} data"
+            )
 
     def __init__(
         self,

@@ -12,6 +12,7 @@ from functools import cached_property
 from typing import Any
 
 from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from src.common.text import load_tokenizer
@@ -43,6 +44,14 @@ class TextDataModule(ClassificationDataModule):
 
     name = "text file"
     task = "text_classification"
+
+    @classmethod
+    def complete_config(cls, cfg: DictConfig) -> None:
+        """Data that ships its tokenizer (data=example_texts) hands it to a net that has none, so that the
+        net's embeddings and the data's ids agree; a net's own tokenizer is the data's too (the config)."""
+        net, tokenizer = OmegaConf.select(cfg, "model.net"), cfg.data.get("tokenizer")
+        if isinstance(net, DictConfig) and "tokenizer" in net and net.tokenizer is None and tokenizer:
+            net.tokenizer = tokenizer
 
     def __init__(
         self,

@@ -28,12 +28,12 @@ from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig
 
+from src.common.config_names import target_class
 from src.compat.lightning import saves_within_epochs
 from src.launch import environment, hydra_ddp
 from src.run import preflight
 from src.run import record as run_record
 from src.run.extras import apply_extras
-from src.run.preprocessing import follow_the_weights  # [part: folders]
 from src.run.resume import Resume
 
 log = logging.getLogger(__name__)
@@ -78,8 +78,7 @@ def build(
 
 
 def prepare(cfg: DictConfig) -> None:
-    """What happens before anything is instantiated: checks, extras, seed (and, with the folders part, the
-    data keys that follow the net's pretrained weights)."""
+    """What happens before anything is instantiated: checks, extras, seed."""
     if HydraConfig.initialized():
         # Imported before Hydra set up logging (by a module that imports lightning at its top), Lightning gives
         # its loggers a console handler of their own and stops their records there: they would miss the run's
@@ -87,11 +86,17 @@ def prepare(cfg: DictConfig) -> None:
         for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
             logging.getLogger(name).handlers.clear()
             logging.getLogger(name).propagate = True
-    follow_the_weights(cfg)  # [part: folders]
     preflight.check_run(cfg)
     apply_extras(cfg)
     if cfg.get("seed") is not None:  # seed 0 is a seed
         L.seed_everything(cfg.seed, workers=True)
+
+
+def complete_config(cfg: DictConfig) -> None:
+    """Let the data fill the keys of the run's config that follow from it (`DataModule.complete_config`), before
+    the run is planned: the run record, and a named run's check of its config, see the filled values."""
+    if isinstance(cfg.get("data"), DictConfig) and hasattr(data := target_class(cfg.data), "complete_config"):
+        data.complete_config(cfg)
 
 
 def instantiate_run(run: Run, trainer: bool) -> None:
@@ -155,17 +160,9 @@ def for_this_task(group: DictConfig | None, model: L.LightningModule) -> dict[st
 
 
 # The hooks Lightning calls on every callback at every batch.
-BATCH_HOOKS = (
-    *(
-        f"on_{stage}_batch_{when}"
-        for stage in ("train", "validation", "test", "predict")
-        for when in ("start", "end")
-    ),
-    "on_before_backward",
-    "on_after_backward",
-    "on_before_optimizer_step",
-    "on_before_zero_grad",
-)
+BATCH_STAGES = ("train", "validation", "test", "predict")
+BATCH_HOOKS = {f"on_{stage}_batch_{when}" for stage in BATCH_STAGES for when in ("start", "end")}
+BATCH_HOOKS |= {"on_before_backward", "on_after_backward", "on_before_optimizer_step", "on_before_zero_grad"}
 
 
 def skip_idle_batch_hooks(trainer: L.Trainer) -> None:
@@ -173,9 +170,9 @@ def skip_idle_batch_hooks(trainer: L.Trainer) -> None:
 
     Lightning calls each of these hooks on each callback at every batch, inside a profiler context named
     after the callback, even when the hook is `Callback`'s empty default or returns at once under the
-    callback's settings: the calls add up on a small model's step (the template's benchmark showed it). Lightning skips
-    a hook that is not callable, so an idle one is set to None on the instance. A real profiler
-    (`debug=profiler`) then lists only the hooks that do something.
+    callback's settings: the calls add up on a small model's step (the template's benchmark showed it).
+    Lightning skips a hook that is not callable, so an idle one is set to None on the instance. A real
+    profiler (`debug=profiler`) then lists only the hooks that do something.
     """
     for callback in trainer.callbacks:
         for hook in idle_batch_hooks(callback, trainer):

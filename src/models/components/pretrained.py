@@ -6,7 +6,7 @@ Such a net says two things the rest of the template reads:
   freezes at first (model.freeze_backbone_epochs) and trains at a scaled rate (model.backbone_lr_scale);
 - `weights_preprocessing(net_config)`, a class method: how the images its weights were trained on were
   prepared (mean, std, input size, interpolation), or None without weights. The run builder copies these
-  into the data keys a data config leaves null, before anything is instantiated (src/run/preprocessing.py),
+  into the data keys a data config leaves null, before anything is instantiated (src/data/components/preprocessing.py),
   so the datamodule's transforms, the checkpoints' preprocessing and so predict and export all use them.
 """
 
