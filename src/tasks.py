@@ -1,5 +1,4 @@
-"""The tasks the entry points run: train and evaluate (predict and export: src/inference/tasks.py). Each
-reads top to bottom; `build` does the wiring."""
+"""The tasks the train and eval entry points run. Each reads top to bottom; `build` does the wiring."""
 
 import logging
 import warnings
@@ -21,7 +20,7 @@ log = logging.getLogger(__name__)
 
 def train(cfg: DictConfig) -> dict[str, float]:
     """Fit the model (continuing a named run where it stopped), then test the best checkpoint."""
-    complete_config(cfg)  # the keys the data fills (the shards' classes, ...), as the run record has them
+    complete_config(cfg)  # the keys the data fills in, as the run record has them
     fit_precision(cfg.trainer)  # trainer.precision=auto: bf16-mixed or 32 here, as the record has it
     resume = plan_resume(cfg)  # before anything heavy: a run that may not continue fails in a second
     ckpt_path = cfg.get("ckpt_path") or (str(resume.checkpoint) if resume and resume.checkpoint else None)

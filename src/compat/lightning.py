@@ -1,5 +1,5 @@
-"""Every use of Lightning's private names in this template; the rest of src/ uses its public API
-(tests/maintainers/test_public_api.py checks that). Each use, why, the upstream issue, and what to do when a Lightning
+"""Every use of Lightning's private names in this template; the rest of src/ uses its public API (the
+template's own tests check that). Each use, why, the upstream issue, and what to do when a Lightning
 release breaks it (the weekly CI job against the newest Lightning is there to notice):
 
 - `_hydra_subprocess_cmd` and `_launch_process_observer`, functions of Lightning's subprocess launcher
