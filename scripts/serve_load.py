@@ -7,8 +7,7 @@ and stopped); prints requests/s and p50/p99 latency of each, and their ratio.
 Each server is `python src/serve.py run_dir=<run> accelerator=cpu log_level=warning` with max_batch_size=1,
 then with --batch-size and --batch-timeout; every client sends the same image (--image, else a grey one of
 the model's input size) over its own keep-alive connection. The clients run in this process, one thread
-each: on a small machine they share its cores with the server, as the figures in
-docs/maintainers/performance.md say.
+each: on a small machine they share its cores with the server, and the figures it prints include that cost.
 """
 
 import argparse

@@ -35,7 +35,7 @@ FACT_KEYS = ("task", "num_classes", "class_names", "input_shape", "ignore_index"
 
 class InLoaderOrder:
     """The samples of a split, one by one, in the order its loader gives them (its batches taken apart):
-    predict pairs each prediction with the sample it was made from (src/inference/inputs.py)."""
+    predict pairs each prediction with the sample it was made from."""
 
     def __init__(self, loader: Callable[[], DataLoader]) -> None:
         self.loader = loader

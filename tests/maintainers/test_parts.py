@@ -199,6 +199,12 @@ def module_of(project: Path, path: Path) -> str:
     return ".".join(path.relative_to(project).with_suffix("").parts).removesuffix(".__init__")
 
 
+# A path to one of a project's files, as a docstring, comment or config names it.
+MENTIONED_FILE = re.compile(
+    r"(?<![\w/.])((?:src|configs|scripts|tests|hydra_plugins|notebooks|docs)/[\w./-]*\w\.(?:py|yaml|md|sh|ipynb))"
+)
+
+
 def missing_references(project: Path, kept: set[str]) -> list[str]:
     """What a generated project's files name that it does not have: project modules its Python imports,
     `_target_`s and defaults-list options of its configs, third-party packages only a left-out part needs,
@@ -248,6 +254,17 @@ def missing_references(project: Path, kept: set[str]) -> list[str]:
                         problems.append(
                             f"{where}: defaults name {group.lstrip('/')}={choice}, which the project does not have"
                         )
+    # A file's text (docstrings, comments, messages, config comments) names only files the project has; the
+    # generator names the template's files it removes, and configs/local/ holds the user's own (git-ignored).
+    for path in [*python, *sorted(configs.rglob("*.yaml"))]:
+        if path.name == "new_project.py":
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            for name in MENTIONED_FILE.findall(line):
+                if not (project / name).exists() and "__pycache__" not in name and "/local/" not in name:
+                    problems.append(
+                        f"{path.relative_to(project)}:{number}: names {name}, which the project lacks"
+                    )
     for path in sorted(project.rglob("*")):
         if (
             path.is_file()
@@ -331,15 +348,20 @@ def without_generated_commas(text: str, source: str) -> str:
 
 def test_the_reference_check_finds_what_a_project_lacks(template_copy: Path, tmp_path: Path):
     project = generate(template_copy, tmp_path / "project", "")
-    (project / "src" / "extra.py").write_text("import optuna\nfrom src.inference.tasks import predict\n")
+    (project / "src" / "extra.py").write_text(
+        "import optuna\nfrom src.inference.tasks import predict\n# as src/inference/tasks.py does, and the "
+        "user's configs/local/default.yaml may\n"
+    )
     (project / "configs" / "extra.yaml").write_text(
-        "defaults:\n  - callbacks: ema\n# part: optuna\nx:\n  _target_: src.run_comparison.report\n"
+        "# docs/serve.md says how\ndefaults:\n  - callbacks: ema\n# part: optuna\nx:\n  _target_: src.run_comparison.report\n"
     )
     assert missing_references(project, set()) == [
         "src/extra.py:1: imports optuna, which only a left-out part needs",
         "src/extra.py:2: imports src.inference.tasks.predict, which the project does not have",
         "configs/extra.yaml: _target_ src.run_comparison.report: no such module",
         "configs/extra.yaml: defaults name callbacks=ema, which the project does not have",
+        "src/extra.py:3: names src/inference/tasks.py, which the project lacks",
+        "configs/extra.yaml:1: names docs/serve.md, which the project lacks",
         "configs/extra.yaml: a part marker was left",
     ]
 

@@ -3,7 +3,7 @@ input size), filled into the config before anything is instantiated: the datamod
 checkpoints' preprocessing and so predict and export then all use them.
 
 A net class with weights says how their images were prepared with a class method,
-`weights_preprocessing(net_config) -> dict | None` (src/models/components/pretrained.py has the nets' side).
+`weights_preprocessing(net_config) -> dict | None` (the pretrained nets have one).
 """
 
 import logging

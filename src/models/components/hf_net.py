@@ -93,7 +93,7 @@ class HFNet(nn.Module):
 
     def head_module(self) -> nn.Module:
         """The classifier made for num_classes (with LoRA: peft's trainable copy and the original); the rest
-        is the backbone, for fine-tuning (src/models/finetuning.py)."""
+        is the backbone, which fine-tuning freezes first and trains at a scaled rate."""
         model = self.model.get_base_model() if self.base else self.model
         heads = [getattr(model, name) for name in self.head_names]
         return heads[0] if len(heads) == 1 else nn.ModuleList(heads)

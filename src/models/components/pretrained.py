@@ -5,9 +5,10 @@ Such a net says two things the rest of the template reads:
 - `head_module()`: the module it made anew for `num_classes`; everything else is the backbone, which fine-tuning
   freezes at first (model.freeze_backbone_epochs) and trains at a scaled rate (model.backbone_lr_scale);
 - `weights_preprocessing(net_config)`, a class method: how the images its weights were trained on were
-  prepared (mean, std, input size, interpolation), or None without weights. The run builder copies these
-  into the data keys a data config leaves null, before anything is instantiated (src/data/components/preprocessing.py),
-  so the datamodule's transforms, the checkpoints' preprocessing and so predict and export all use them.
+  prepared (mean, std, input size, interpolation), or None without weights. An image folder's datamodule
+  copies these into the data keys its config leaves null, before anything is instantiated (its
+  `complete_config`), so the datamodule's transforms, the checkpoints' preprocessing and so predict and export
+  all use them.
 """
 
 from pathlib import Path
