@@ -29,7 +29,7 @@ BUILD_WITH["text_file"] = ["data.train_file=texts.csv", "data.tokenizer=tokenize
 def datamodule(compose_cfg, *overrides: str, trainer: SimpleNamespace | None = None) -> DataModule:
     """The datamodule of `python src/train.py <overrides>`, set up for fit (by `trainer`'s rank, if given)."""
     cfg = compose_cfg("train", list(overrides))
-    complete_config(cfg)  # as a run does: an image folder's preprocessing, ...
+    complete_config(cfg)  # as a run does: the keys the data fills in
     dm = instantiate(cfg.data, _convert_="all")
     dm.trainer = trainer
     dm.setup("fit")
